@@ -1,0 +1,84 @@
+"""Building Gymnasium envs from an id (incl. 'module:EnvId') or a factory, with clear errors.
+
+Vector envs use Gymnasium's SAME_STEP autoreset: when an episode ends, `step` returns the
+first obs of the next episode and the true last obs in `info["final_obs"]`, so a truncated
+transition can bootstrap from its real next state.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Callable, Union
+
+import gymnasium as gym
+import numpy as np
+
+from hetrl.errors import UsageError
+
+EnvSpec = Union[str, Callable[[], gym.Env]]
+
+
+def env_name(env: EnvSpec) -> str:
+    if isinstance(env, str):
+        return env
+    return getattr(env, "__name__", type(env).__name__)
+
+
+def _import_module_of(env_id: str) -> None:
+    if ":" in env_id:
+        module = env_id.split(":", 1)[0]
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UsageError(f"env {env_id!r}: cannot import module {module!r} ({e}); "
+                             f"install it or fix the 'module:EnvId' id") from None
+
+
+def make_env(env: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    """One env from an id or a zero-argument factory; UsageError for unknown ids."""
+    if callable(env) and not isinstance(env, str):
+        made = env()
+        if not isinstance(made, gym.Env):
+            raise UsageError(f"env factory {env_name(env)} returned {type(made).__name__}, not a gymnasium.Env")
+        return made
+    if not isinstance(env, str):
+        raise UsageError(f"env must be an id like 'CartPole-v1' or a factory, got {type(env).__name__}")
+    _import_module_of(env)
+    kwargs = {"render_mode": render_mode} if render_mode else {}
+    try:
+        return gym.make(env, **kwargs)
+    except gym.error.Error as e:
+        ids = list(gym.registry.keys())
+        close = difflib.get_close_matches(env.split(":")[-1], ids, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "check the id (gymnasium.pprint_registry() lists them)"
+        raise UsageError(f"unknown env {env!r} ({str(e).splitlines()[0]}); {hint}") from None
+    except ImportError as e:  # e.g. mujoco/box2d extras missing
+        raise UsageError(f"env {env!r} needs a package that is not installed ({e}); "
+                         "install it, e.g. pip install 'gymnasium[mujoco]'") from None
+
+
+def probe_spaces(env: EnvSpec) -> tuple[gym.Space, gym.Space]:
+    e = make_env(env)
+    try:
+        return e.observation_space, e.action_space
+    finally:
+        e.close()
+
+
+def make_vector_env(env: EnvSpec, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+    """`num_envs` copies stepped in this process (SyncVectorEnv: fastest for cheap envs here),
+    SAME_STEP autoreset; reset with seeds seed, seed+1, ...."""
+    make_env(env).close()  # surface bad ids as UsageError before building the vector
+    venv = gym.vector.SyncVectorEnv([lambda: make_env(env) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    venv.reset(seed=[seed + i for i in range(num_envs)])
+    venv.action_space.seed(seed)
+    return venv
+
+
+def flat_obs_dim(space: gym.Space) -> int:
+    if not isinstance(space, gym.spaces.Box):
+        raise UsageError(f"observation space {space} is not a Box; hetrl's networks take vector (Box) "
+                         "observations: wrap the env with gymnasium.wrappers.FlattenObservation")
+    return int(np.prod(space.shape))

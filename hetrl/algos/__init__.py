@@ -1,0 +1,48 @@
+"""Algorithms: one short file each (networks, acting policy, learner update)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from hetrl.config import Config
+from hetrl.errors import UsageError
+
+
+def check_spaces(algo: str, obs_space: gym.Space, act_space: gym.Space) -> None:
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise UsageError(f"observation space {obs_space} is not a Box; hetrl's networks take array "
+                         "observations: wrap the env with gymnasium.wrappers.FlattenObservation")
+    if algo == "dqn" and not isinstance(act_space, gym.spaces.Discrete):
+        raise UsageError(f"DQN needs a discrete action space, this env has {act_space}; "
+                         "use ddpg for continuous actions")
+    if algo == "ddpg":
+        if not isinstance(act_space, gym.spaces.Box):
+            raise UsageError(f"DDPG needs a continuous (Box) action space, this env has {act_space}; "
+                             "use dqn for discrete actions")
+        if not (act_space.is_bounded("both")):
+            raise UsageError(f"DDPG needs bounded actions, this env has {act_space}; "
+                             "wrap it with gymnasium.wrappers.ClipAction/RescaleAction")
+
+
+def make_algorithm(cfg: Config, obs_space: gym.Space, act_space: gym.Space, device="cpu"):
+    check_spaces(cfg.algo, obs_space, act_space)
+    if cfg.algo == "dqn":
+        from hetrl.algos.dqn import DQN
+
+        if isinstance(act_space, gym.spaces.Discrete) and act_space.start != 0:
+            raise UsageError(f"action space {act_space} does not start at 0; wrap the env to shift actions")
+        return DQN(cfg, obs_space.shape, int(act_space.n), device)
+    from hetrl.algos.ddpg import DDPG
+
+    return DDPG(cfg, obs_space.shape, act_space, device)
+
+
+def replay_spec(obs_space: gym.Space, act_space: gym.Space) -> dict:
+    """The data-storage fields of one (n-step) transition."""
+    obs = (tuple(obs_space.shape), "float32")
+    if isinstance(act_space, gym.spaces.Discrete):
+        action = ((), "int64")
+    else:
+        action = (tuple(act_space.shape), "float32")
+    return {"obs": obs, "action": action, "reward": ((), "float32"), "next_obs": obs,
+            "terminated": ((), "bool"), "truncated": ((), "bool"), "steps": ((), "uint8")}

@@ -1,0 +1,156 @@
+"""DQN (Mnih et al. 2015) with the Rainbow switches: double, dueling, n-step, prioritised replay.
+
+The learner's math, for a sampled batch of n-step transitions:
+    target = r + gamma**steps * (1 - terminated) * Q_target(s', argmax_a Q_online(s', a))   # double
+    target = r + gamma**steps * (1 - terminated) * max_a Q_target(s', a)                     # plain
+    loss   = mean(w * huber(Q(s, a) - target));   new priorities = |Q(s, a) - target|
+The target network is copied (tau = 1) or Polyak-averaged (tau < 1) every
+`target_update_interval` env steps, as in Stable-Baselines3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hetrl.algos.nets import FlatAdam, mlp, soft_update
+from hetrl.config import Config
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int, net_arch: list[int], dueling: bool = False,
+                 obs_ndim: int = 1):
+        super().__init__()
+        self.dueling, self.obs_ndim = dueling, obs_ndim
+        if dueling:  # Q = V + A - mean(A) over a shared body
+            self.body = mlp([obs_dim, *net_arch])
+            self.body.append(nn.ReLU())
+            self.value = nn.Linear(net_arch[-1], 1)
+            self.advantage = nn.Linear(net_arch[-1], n_actions)
+        else:
+            self.q = mlp([obs_dim, *net_arch, n_actions])
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.obs_ndim > 1:  # e.g. (..., H, W) -> (..., H*W)
+            obs = obs.flatten(start_dim=-self.obs_ndim)
+        if not self.dueling:
+            return self.q(obs)
+        h = self.body(obs)
+        adv = self.advantage(h)
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+
+
+class DQNPolicy:
+    """Epsilon-greedy acting on a snapshot of the Q-network (runs in actors)."""
+
+    def __init__(self, net: QNetwork, n_actions: int, seed: int, device: str = "cpu"):
+        self.net, self.n_actions, self.device = net.to(device).eval(), n_actions, device
+        self.rng = np.random.default_rng(seed)
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        q = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+        return q.argmax(-1).cpu().numpy()
+
+    def act(self, obs: np.ndarray, explore: float | None) -> tuple[np.ndarray, np.ndarray]:
+        n = len(obs)
+        if explore is None:  # warm-up: uniform random actions
+            a = self.rng.integers(0, self.n_actions, n)
+        else:
+            a = self.greedy(obs)
+            rand = self.rng.random(n) < explore
+            if rand.any():
+                a[rand] = self.rng.integers(0, self.n_actions, int(rand.sum()))
+        return a, a
+
+    def load(self, state: dict) -> None:
+        self.net.load_state_dict(state)
+
+    def episode_end(self, done: np.ndarray) -> None:
+        pass
+
+
+class DQN:
+    name = "dqn"
+
+    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: str | torch.device = "cpu"):
+        self.cfg, self.obs_shape, self.n_actions, self.device = cfg, obs_shape, n_actions, torch.device(device)
+        self.q = self._net().to(self.device)
+        self.q_target = self._net().to(self.device)
+        self.q_target.load_state_dict(self.q.state_dict())
+        self.q_target.requires_grad_(False)
+        self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
+        self.updates = 0
+
+    def _net(self) -> QNetwork:
+        return QNetwork(int(np.prod(self.obs_shape)), self.n_actions, self.cfg.net_arch, self.cfg.dueling,
+                        len(self.obs_shape))
+
+    # ---- acting side -------------------------------------------------------------------
+    def make_policy(self, seed: int, device: str = "cpu") -> DQNPolicy:
+        net = self._net()
+        net.load_state_dict(self.policy_state())
+        return DQNPolicy(net, self.n_actions, seed, device)
+
+    def policy_state(self) -> dict:
+        return self.q.state_dict()
+
+    def exploration(self, env_steps: int) -> float | None:
+        """Epsilon, linear from initial to final over exploration_fraction of the run; None
+        (uniform random) before learning_starts, as in SB3."""
+        c = self.cfg
+        if env_steps < c.learning_starts:
+            return None
+        frac = min(1.0, env_steps / max(1.0, c.exploration_fraction * c.steps))
+        return c.exploration_initial_eps + frac * (c.exploration_final_eps - c.exploration_initial_eps)
+
+    def on_env_steps(self, before: int, after: int) -> None:
+        """Target update every target_update_interval env steps (the online net is constant
+        while acting, so several crossings in one collect equal one update)."""
+        k = self.cfg.target_update_interval
+        if after // k > before // k:
+            soft_update(self.q_target, self.q, self.cfg.tau)
+
+    # ---- learning side -----------------------------------------------------------------
+    @torch.no_grad()
+    def _targets(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        next_q = self.q_target(b["next_obs"])
+        if self.cfg.double:
+            best = self.q(b["next_obs"]).argmax(-1, keepdim=True)
+            next_v = next_q.gather(-1, best).squeeze(-1)
+        else:
+            next_v = next_q.max(-1).values
+        discount = self.cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        return b["reward"] + discount * next_v
+
+    def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+        """One gradient step per leading index of `batches` (shape (K, B, ...)); returns |TD|
+        of shape (K, B) for the priorities.  The target net is fixed during the K steps, so
+        (plain DQN) all K targets come from one batched forward pass."""
+        K = weights.shape[0]
+        fixed = not self.cfg.double
+        targets = self._targets(batches) if fixed else None
+        td_all = torch.empty_like(weights)
+        for k in range(K):
+            b = {key: v[k] for key, v in batches.items()}
+            target = targets[k] if fixed else self._targets(b)
+            q = self.q(b["obs"]).gather(-1, b["action"].long().unsqueeze(-1)).squeeze(-1)
+            td = q - target
+            loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
+            self.opt.step(loss)
+            td_all[k] = td.detach().abs()
+        self.updates += K
+        return td_all
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"q": self.q.state_dict(), "q_target": self.q_target.state_dict(),
+                "opt": self.opt.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.q.load_state_dict(state["q"])
+        self.q_target.load_state_dict(state["q_target"])
+        self.opt.load_state_dict(state["opt"])
+        self.updates = int(state["updates"])

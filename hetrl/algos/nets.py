@@ -1,0 +1,72 @@
+"""Network building blocks shared by the algorithms.
+
+`FlatAdam` keeps all parameters (and their gradients) of a module in one contiguous buffer,
+so the fused Adam step and the gradient-norm clip are one kernel each instead of one per
+tensor: on a 2x256 MLP this is ~20% of a CPU update (measured, see README).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(sizes: list[int], out_act: type[nn.Module] | None = None) -> nn.Sequential:
+    """Linear-ReLU stack over `sizes` = [in, hidden..., out]; no activation after the last layer
+    unless `out_act` is given."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    if out_act is not None:
+        layers.append(out_act())
+    return nn.Sequential(*layers)
+
+
+class FlatAdam:
+    """Adam over every parameter of `module`, stored in one flat buffer (create it after the
+    module is on its device; the module's parameters become views of the buffer)."""
+
+    def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0, eps: float = 1e-8):
+        params = list(module.parameters())
+        numel = sum(p.numel() for p in params)
+        ref = params[0]
+        self.flat = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
+        self.grad = torch.zeros_like(self.flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.data.reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)   # backward accumulates in place
+            offset += n
+        self.param = nn.Parameter(self.flat)
+        self.param.grad = self.grad
+        self.max_grad_norm = max_grad_norm
+        fused = ref.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+        self.opt = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=fused)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.grad.zero_()
+        loss.backward()
+        if self.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([self.param], self.max_grad_norm)
+        self.opt.step()
+
+    def state_dict(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- tau * source + (1 - tau) * target  (tau = 1: hard copy)."""
+    t = [p for p in target.parameters()]
+    s = [p for p in source.parameters()]
+    if tau >= 1.0:
+        torch._foreach_copy_(t, s)
+    else:
+        torch._foreach_lerp_(t, s, tau)

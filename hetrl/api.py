@@ -1,0 +1,203 @@
+"""The Python API, in the spirit of Stable-Baselines3:
+
+    run = hetrl.train("dqn", env="CartPole-v1", steps=50_000, seed=0)
+    run.evaluate(episodes=10); run.save("runs/cartpole")
+    policy = hetrl.load("runs/cartpole"); policy.act(obs)
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import hetrl
+from hetrl.actors.envs import EnvSpec, env_name, probe_spaces
+from hetrl.algos import make_algorithm
+from hetrl.checkpoint import FORMAT, atomic_save, check_out_dir, read_checkpoint, read_replay, write_json
+from hetrl.config import Config, make_config, read_config_file
+from hetrl.errors import UsageError
+from hetrl.runtime.evaluate import evaluate
+from hetrl.runtime.logger import Logger
+
+
+class Policy:
+    """A trained policy: `act(obs)` gives the deterministic (greedy) env action(s)."""
+
+    def __init__(self, algo, cfg: Config, env: EnvSpec):
+        self.algo, self.cfg, self.env = algo, cfg, env
+        self._p = algo.make_policy(seed=cfg.seed)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs, dtype=np.float32)
+        single = obs.shape == tuple(self.algo.obs_shape)
+        batch = obs[None] if single else obs
+        if self.cfg.algo == "dqn":
+            a = self._p.greedy(batch)
+        else:
+            a = self._p.scale(self._p.deterministic(batch))
+        return a[0] if single else a
+
+    def evaluate(self, episodes: int = 10, seed: int | None = None, video_dir: str | None = None) -> dict:
+        if episodes <= 0:
+            raise UsageError(f"episodes must be positive, got {episodes}")
+        seed = self.cfg.seed + 10_000 if seed is None else seed
+        return evaluate(self.act, self.env, episodes, seed, video_dir=video_dir)
+
+
+class Run:
+    """A training run: its config, the schedule that holds every part, and its figures."""
+
+    def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False):
+        from hetrl.runtime import make_schedule
+
+        self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
+        self.schedule = make_schedule(cfg, env)
+        self.result: dict[str, Any] = {}
+        self.interrupted = False
+
+    @property
+    def algo(self):
+        return self.schedule.algo
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(self.algo, self.cfg, self.env)
+
+    # ---- training ----------------------------------------------------------------------
+    def learn(self, progress: bool = True) -> "Run":
+        """Train to cfg.steps. Ctrl-C stops at the end of the current phase and saves."""
+        s = self.schedule
+        logger = Logger(self.out, self.cfg.steps, self.cfg.log_interval, progress, start_step=s.c.env_steps)
+        stop = {"asked": False}
+
+        def on_sigint(signum, frame):
+            if stop["asked"]:
+                raise KeyboardInterrupt
+            stop["asked"] = True
+
+        old = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+        t_start = time.perf_counter() - s.c.wall_s
+        try:
+            while not s.done() and not stop["asked"]:
+                eps = s.phase()
+                s.c.wall_s = time.perf_counter() - t_start
+                logger.episodes(eps)
+                f = s.figures()
+                logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
+                              len(logger.returns))
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+            logger.close()
+        self.interrupted = stop["asked"]
+        self.result = self._result()
+        if self.out is not None:
+            self.save(self.out, replay=self.save_replay)
+        return self
+
+    def evaluate(self, episodes: int | None = None, video_dir: str | None = None) -> dict:
+        ev = self.policy.evaluate(episodes or self.cfg.eval_episodes, video_dir=video_dir)
+        self.result.update(ev)
+        return ev
+
+    def _result(self) -> dict:
+        return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
+                "schedule": self.cfg.schedule, **self.schedule.figures(),
+                "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
+                "device": str(self.schedule.device), "interrupted": self.interrupted,
+                "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
+                "config": self.cfg.to_dict(), **{k: v for k, v in self.result.items() if k.startswith("eval_")}}
+
+    # ---- persistence ---------------------------------------------------------------------
+    def save(self, path: str | Path, replay: bool | None = None) -> Path:
+        d = Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        replay = self.save_replay if replay is None else replay
+        state = self.schedule.state_dict(with_replay=False)
+        atomic_save({"format": FORMAT, "hetrl_version": hetrl.__version__, "config": self.cfg.to_dict(),
+                     "env": env_name(self.env), **state}, d / "checkpoint.pt")
+        if replay:
+            atomic_save(self.schedule.replay.state_dict(), d / "replay.pt")
+        self.result = {**self._result(), **{k: v for k, v in self.result.items() if k.startswith("eval_")}}
+        write_json(self.result, d / "result.json")
+        return d
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> dict[str, Any]:
+    base = read_config_file(config) if isinstance(config, (str, Path)) else dict(config or {})
+    return {**base, **{k: v for k, v in settings.items() if v is not None}}
+
+
+def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int = 0,
+          out: str | Path | None = None, force: bool = False, config: str | Path | dict | None = None,
+          save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
+          **settings: Any) -> Run:
+    """Train `algo` on `env` (an id, 'module:EnvId', or a zero-argument env factory).
+
+    Settings not given come from the env's preset (hetrl/presets.yaml); any Config field can be
+    passed as a keyword (e.g. lr=1e-3, prioritized=True). Returns the finished Run, evaluated
+    over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
+    """
+    cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env,
+                      _overrides(config, {"steps": steps, "seed": seed, **settings}))
+    out_path = Path(out) if out is not None else None
+    if out_path is not None:
+        check_out_dir(out_path, force)
+    run = Run(cfg, env, out_path, save_replay)
+    run.learn(progress=progress)
+    n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
+    if n and not run.interrupted:
+        run.evaluate(n)
+        if out_path is not None:
+            run.save(out_path)
+    return run
+
+
+def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = None,
+           progress: bool = True, evaluate_episodes: int | None = None) -> Run:
+    """Continue the run saved in `run_dir` (to `steps` total env steps if given)."""
+    ckpt = read_checkpoint(run_dir)
+    cfgd = dict(ckpt["config"])
+    if steps is not None:
+        if steps <= ckpt["counters"]["env_steps"]:
+            raise UsageError(f"--steps {steps} is not beyond the {ckpt['counters']['env_steps']} env steps "
+                             "already done; pass a larger total")
+        cfgd["steps"] = steps
+    algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
+    cfg = make_config(algo, env_id, cfgd)
+    replay = read_replay(run_dir)
+    run = Run(cfg, env or env_id, Path(run_dir), save_replay=replay is not None)
+    state = dict(ckpt)
+    if replay is not None:
+        state["replay"] = replay
+    run.schedule.load_state_dict(state)
+    run.learn(progress=progress)
+    n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
+    if n and not run.interrupted:
+        run.evaluate(n)
+        run.save(run_dir)
+    return run
+
+
+def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
+    """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save)."""
+    ckpt = read_checkpoint(run_dir)
+    cfgd = dict(ckpt["config"])
+    algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
+    cfg = make_config(algo, env_id, cfgd)
+    env = env or env_id
+    obs_space, act_space = probe_spaces(env)
+    learner = make_algorithm(cfg, obs_space, act_space, "cpu")
+    learner.load_state_dict(ckpt["algo"])
+    return Policy(learner, cfg, env)

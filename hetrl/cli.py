@@ -1,0 +1,195 @@
+"""The `hetrl` command.
+
+    hetrl train ALGO --env ID [--steps N] [--seed S] [--out DIR] [--set key=value ...] [--config FILE.yaml]
+    hetrl train --resume DIR [--steps N]
+    hetrl eval DIR [--episodes N] [--render video|rgb_array]
+    hetrl settings ALGO --env ID          (the effective settings: defaults < preset < file < --set)
+    hetrl tabular ALGO --env ID ...       (parallel tabular Q-learning / SARSA)
+
+Bad input prints one line `error: <problem>; <fix>` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hetrl.errors import UsageError
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train an agent (profiles nothing yet: inline schedule)",
+                       description="Train ALGO on an env with its preset hyperparameters.")
+    p.add_argument("algo", nargs="?", help="dqn or ddpg")
+    p.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1 or module:EnvId")
+    p.add_argument("--steps", type=int, help="total env steps (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="run directory (default runs/ALGO-ENV-sSEED)")
+    p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a setting (repeatable); see `hetrl settings`")
+    p.add_argument("--config", help="YAML file of settings")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
+    p.add_argument("--save-replay", action="store_true", help="also save the replay (exact --resume)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a saved run")
+    p.add_argument("dir", help="run directory with checkpoint.pt")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--render", choices=["video", "rgb_array"],
+                   help="video: write MP4s to DIR/videos (needs moviepy); rgb_array: frames to DIR/frames.npz")
+    p.set_defaults(func=cmd_eval)
+
+
+def _add_settings(sub) -> None:
+    p = sub.add_parser("settings", help="print the effective settings for ALGO on an env")
+    p.add_argument("algo", help="dqn or ddpg")
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[])
+    p.add_argument("--config")
+    p.set_defaults(func=cmd_settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import hetrl
+
+    parser = argparse.ArgumentParser(prog="hetrl", description=__doc__.split("\n\n")[0].strip() if __doc__ else "")
+    parser.add_argument("--version", action="version", version=f"hetrl {hetrl.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_train(sub)
+    _add_eval(sub)
+    _add_settings(sub)
+    try:
+        from hetrl.tabular.cli import register
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def _overrides(args) -> dict:
+    from hetrl.config import parse_sets, read_config_file
+
+    over = read_config_file(args.config) if args.config else {}
+    over.update(parse_sets(args.sets))
+    return over
+
+
+def cmd_settings(args) -> int:
+    from hetrl.config import make_config
+
+    cfg = make_config(args.algo, args.env, _overrides(args))
+    for k, v in cfg.to_dict().items():
+        print(f"{k:<26} {v}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from hetrl import api
+    from hetrl.actors.envs import probe_spaces
+    from hetrl.algos import check_spaces
+    from hetrl.checkpoint import check_out_dir
+    from hetrl.config import make_config
+
+    progress = not args.no_progress
+    if args.resume:
+        if args.algo or args.env or args.sets or args.config:
+            raise UsageError("--resume takes the settings saved in the run; drop ALGO/--env/--set/--config "
+                             "(only --steps may change)")
+        run = api.resume(args.resume, steps=args.steps, progress=progress)
+        _summary(run.result, Path(args.resume))
+        return 130 if run.interrupted else 0
+    if not args.algo or not args.env:
+        raise UsageError("train needs ALGO and --env, e.g. `hetrl train dqn --env CartPole-v1`")
+    over = _overrides(args)
+    if args.steps is not None:
+        over["steps"] = args.steps
+    over["seed"] = args.seed
+    cfg = make_config(args.algo, args.env, over)
+    check_spaces(cfg.algo, *probe_spaces(cfg.env))
+    out = Path(args.out or f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
+    check_out_dir(out, args.force)
+    print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps "
+          f"(schedule {cfg.schedule}, device {cfg.device}, {cfg.num_envs} envs) -> {out}", file=sys.stderr)
+    run = api.Run(cfg, cfg.env, out, save_replay=args.save_replay)
+    run.learn(progress=progress)
+    if run.interrupted:
+        print(f"hetrl: interrupted at {run.result['env_steps']:,} env steps; checkpoint saved in {out} "
+              f"(continue with `hetrl train --resume {out}`)", file=sys.stderr)
+        return 130
+    if cfg.eval_episodes:
+        run.evaluate(cfg.eval_episodes)
+        run.save(out)
+    _summary(run.result, out)
+    return 0
+
+
+def _summary(result: dict, out: Path) -> None:
+    keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "train_samples_per_s",
+            "eval_return_mean", "eval_return_std"]
+    fig = {k: result[k] for k in keys if k in result}
+    print(json.dumps(fig, indent=None, default=lambda v: round(v, 2)))
+    print(f"hetrl: saved {out}/result.json and {out}/checkpoint.pt", file=sys.stderr)
+
+
+def cmd_eval(args) -> int:
+    import numpy as np
+
+    from hetrl import api
+
+    if args.episodes <= 0:
+        raise UsageError(f"--episodes must be positive, got {args.episodes}")
+    policy = api.load(args.dir)
+    video_dir = None
+    if args.render == "video":
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            raise UsageError("--render video needs moviepy; pip install 'hetrl[video]' or moviepy") from None
+        video_dir = str(Path(args.dir) / "videos")
+    result = policy.evaluate(args.episodes, seed=args.seed, video_dir=video_dir)
+    if args.render == "rgb_array":
+        from hetrl.actors.envs import make_env
+
+        env = make_env(policy.env, render_mode="rgb_array")
+        obs, _ = env.reset(seed=policy.cfg.seed + 10_000)
+        frames, done = [env.render()], False
+        while not done:
+            obs, _, term, trunc, _ = env.step(policy.act(obs))
+            frames.append(env.render())
+            done = term or trunc
+        env.close()
+        np.savez_compressed(Path(args.dir) / "frames.npz", frames=np.stack(frames))
+        result["frames"] = str(Path(args.dir) / "frames.npz")
+    if video_dir:
+        result["videos"] = video_dir
+    result.pop("eval_returns", None)
+    print(json.dumps(result, default=lambda v: round(v, 3)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hetrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

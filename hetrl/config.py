@@ -1,0 +1,227 @@
+"""Run configuration: one typed dataclass, presets per (algo, env), `key=value` overrides.
+
+Precedence: built-in defaults < preset for the env (hetrl/presets.yaml) < --config FILE.yaml
+< --set key=value.  Every key is checked against the dataclass; an unknown or ill-typed key
+is a UsageError that names the key and the accepted values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetrl.errors import UsageError
+
+ALGOS = ("dqn", "ddpg")
+
+
+@dataclass
+class Config:
+    # what to train
+    algo: str = "dqn"
+    env: str = "CartPole-v1"
+    steps: int = 50_000                 # total env steps
+    seed: int = 0
+    # system
+    schedule: str = "inline"            # inline (one process); later: local, ray
+    device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
+    num_envs: int = 8                   # envs stepped together by the actor (batched inference)
+    threads: int = 0                    # torch threads in the learner process; 0 = all cores
+    publish_interval: int = 1           # learner -> actors: publish params every K training phases
+    # replay
+    buffer_size: int = 100_000
+    batch_size: int = 64
+    learning_starts: int = 1000
+    prioritized: bool = False
+    per_alpha: float = 0.6
+    per_beta: float = 0.4               # annealed linearly to 1.0 over the run
+    n_step: int = 1
+    # learning
+    net_arch: list[int] = field(default_factory=lambda: [256, 256])
+    lr: float = 1e-3
+    gamma: float = 0.99
+    train_freq: int = 256               # env steps per training phase
+    gradient_steps: int = 128           # gradient steps per phase; -1 = env steps collected
+    max_grad_norm: float = 10.0         # 0 disables clipping
+    tau: float = 1.0                    # target update: 1.0 hard copy, <1 Polyak
+    # DQN
+    target_update_interval: int = 10    # env steps between hard target copies (tau = 1)
+    exploration_fraction: float = 0.1
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.05
+    double: bool = False
+    dueling: bool = False
+    # DDPG
+    noise_type: str = "normal"          # normal | ou
+    noise_std: float = 0.1
+    # evaluation and logging
+    eval_episodes: int = 10
+    log_interval: int = 2_000           # env steps between logged scalars
+
+    @property
+    def replay_ratio(self) -> float:
+        """Gradient steps per env step."""
+        return 1.0 if self.gradient_steps < 0 else self.gradient_steps / self.train_freq
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dqn": {"tau": 1.0},
+    "ddpg": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
+}
+_CHOICES = {
+    "algo": ALGOS,
+    "schedule": ("inline",),
+    "noise_type": ("normal", "ou"),
+}
+_POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
+             "target_update_interval", "publish_interval", "log_interval")
+_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes")
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def load_presets() -> dict[str, dict[str, dict[str, Any]]]:
+    text = resources.files("hetrl").joinpath("presets.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def preset_for(algo: str, env: str) -> dict[str, Any]:
+    """The preset keys for `algo` on `env` (the algo's default entry, overridden by the env's)."""
+    table = load_presets().get(algo, {})
+    base_id = env.split(":")[-1]  # 'module:EnvId' form
+    return {**table.get("default", {}), **table.get(base_id, {})}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Convert a YAML/CLI value to the type of Config.<key>; UsageError when impossible."""
+    hint = typing.get_type_hints(Config)[key]
+    try:
+        if isinstance(value, str):
+            if hint is bool:
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            if hint in (int, float):
+                value = float(value) if any(c in value.lower() for c in ".en") else int(value.replace("_", ""))
+            elif hint == list[int]:
+                value = yaml.safe_load(value)
+        if hint is bool and isinstance(value, bool):
+            return value
+        if hint is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if hint is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if hint is str and isinstance(value, str):
+            return value
+        if hint == list[int]:
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = [value]
+            if isinstance(value, (list, tuple)) and all(isinstance(v, int) and v > 0 for v in value):
+                return list(value)
+        raise ValueError
+    except (ValueError, yaml.YAMLError):
+        want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+                list[int]: "a list of positive integers like [256,256]"}[hint]
+        raise UsageError(f"setting {key}={value!r} is not {want}; fix the value "
+                         f"(e.g. --set {key}={_example(key)})") from None
+
+
+def _example(key: str) -> str:
+    v = getattr(Config(), key)
+    return str(v).replace(" ", "").lower() if isinstance(v, (bool, list)) else str(v)
+
+
+def parse_sets(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise UsageError(f"--set {pair!r} is not key=value; write e.g. --set lr=0.001")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"config file {p} does not exist; pass a YAML file of key: value lines")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"config file {p} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {p} must be a mapping of key: value lines")
+    return data
+
+
+def make_config(algo: str, env: str, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults < algo defaults < env preset < overrides (file, --set, API kwargs), checked."""
+    algo = algo.lower()
+    if algo not in ALGOS:
+        close = difflib.get_close_matches(algo, ALGOS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(f"unknown algorithm {algo!r}; {hint}choose one of: {', '.join(ALGOS)}")
+    merged: dict[str, Any] = {**ALGO_DEFAULTS[algo], **preset_for(algo, env)}
+    merged.update(overrides or {})
+    merged["algo"], merged["env"] = algo, env
+    values = {}
+    for key, value in merged.items():
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(key, _FIELDS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see `hetrl train --help-settings`"
+            raise UsageError(f"unknown setting {key!r}; {hint}")
+        values[key] = _coerce(key, value)
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    for key, choices in _CHOICES.items():
+        if getattr(cfg, key) not in choices:
+            raise UsageError(f"{key}={getattr(cfg, key)!r} is not supported; choose one of: {', '.join(choices)}")
+    for key in _POSITIVE:
+        if getattr(cfg, key) <= 0:
+            raise UsageError(f"{key} must be positive, got {getattr(cfg, key)}; set e.g. --set {key}={_example(key)}")
+    for key in _NON_NEGATIVE:
+        if getattr(cfg, key) < 0:
+            raise UsageError(f"{key} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.gradient_steps == 0 or cfg.gradient_steps < -1:
+        raise UsageError(f"gradient_steps must be positive or -1 (as many as env steps), got {cfg.gradient_steps}")
+    if cfg.batch_size > cfg.buffer_size:
+        raise UsageError(f"batch_size {cfg.batch_size} is larger than buffer_size {cfg.buffer_size}; "
+                         "lower batch_size or raise buffer_size")
+    if not 0.0 < cfg.gamma <= 1.0:
+        raise UsageError(f"gamma must be in (0, 1], got {cfg.gamma}")
+    if not 0.0 < cfg.tau <= 1.0:
+        raise UsageError(f"tau must be in (0, 1], got {cfg.tau}")
+    if not cfg.lr > 0:
+        raise UsageError(f"lr must be positive, got {cfg.lr}")
+    if not 0.0 <= cfg.exploration_fraction <= 1.0:
+        raise UsageError(f"exploration_fraction must be in [0, 1], got {cfg.exploration_fraction}")
+    if cfg.n_step > 255:
+        raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
+    if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
+        raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
+
+
+def settings_help() -> str:
+    lines = []
+    for f in dataclasses.fields(Config):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  {f.name:<26} {typing.get_type_hints(Config)[f.name].__name__ if hasattr(typing.get_type_hints(Config)[f.name], '__name__') else 'list[int]':<10} default {default}")
+    return "\n".join(lines)

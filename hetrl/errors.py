@@ -1,0 +1,14 @@
+"""Errors hetrl raises on purpose.
+
+`UsageError` is bad user input (an unknown env id, an ill-typed setting, a corrupt run
+directory ...). Its message names the problem and the fix in one line; the CLI prints it
+as ``error: <message>`` and exits with status 2, never with a traceback.
+"""
+
+
+class HetrlError(Exception):
+    """Base class of every error hetrl raises on purpose."""
+
+
+class UsageError(HetrlError):
+    """Bad user input; the CLI prints 'error: <msg>' and exits 2."""

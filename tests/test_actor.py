@@ -1,0 +1,39 @@
+"""The actor hands out the true final observation on truncation (SAME_STEP autoreset)."""
+
+import gymnasium as gym
+import numpy as np
+
+from hetrl.actors import Actor
+
+
+class ConstPolicy:
+    rng = np.random.default_rng(0)
+
+    def act(self, obs, explore):
+        a = np.zeros(len(obs), dtype=np.int64)
+        return a, a
+
+    def load(self, state):
+        pass
+
+    def episode_end(self, done):
+        pass
+
+
+def short_cartpole():
+    return gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, max_episode_steps=5)
+
+
+def test_truncated_transition_carries_final_obs():
+    actor = Actor(short_cartpole, num_envs=2, seed=0, policy=ConstPolicy())
+    b = actor.collect(20, lambda s: 0.0)
+    assert len(b["obs"]) == 20
+    trunc = np.flatnonzero(b["truncated"])
+    assert len(trunc) > 0
+    for i in trunc:
+        assert not b["terminated"][i]
+        # the final obs is the successor of obs, not the reset obs of the next episode
+        assert np.abs(b["next_obs"][i] - b["obs"][i]).max() < 0.5
+    assert actor.env_steps == 20
+    eps = actor.drain_episodes()
+    assert all(length <= 5 for _, length in eps)

@@ -1,0 +1,68 @@
+"""Bad input: one clear line naming the problem and the fix, exit status 2, no traceback,
+nothing written over an existing run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetrl.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train", "dqn", "--env", "CartPol-v1"], "unknown env 'CartPol-v1'"),
+    (["train", "dqn", "--env", "Pendulum-v1"], "DQN needs a discrete action space"),
+    (["train", "ddpg", "--env", "CartPole-v1"], "DDPG needs a continuous"),
+    (["train", "ppo", "--env", "CartPole-v1"], "unknown algorithm 'ppo'"),
+    (["train", "dqn", "--env", "CartPole-v1", "--set", "lr=abc"], "lr='abc' is not a number"),
+    (["train", "dqn", "--env", "CartPole-v1", "--set", "bogus=1"], "unknown setting 'bogus'"),
+    (["train", "dqn", "--env", "CartPole-v1", "--set", "batch_size=200000"], "larger than buffer_size"),
+    (["train", "dqn", "--env", "CartPole-v1", "--steps", "0"], "steps must be positive"),
+    (["train", "dqn", "--env", "CartPole-v1", "--set", "num_envs=0"], "num_envs must be positive"),
+    (["train", "dqn", "--env", "nosuchmodule:Foo-v0"], "cannot import module 'nosuchmodule'"),
+    (["train", "dqn", "--env", "CartPole-v1", "--config", "/nonexistent.yaml"], "does not exist"),
+    (["eval", "/nonexistent/run"], "does not exist"),
+    (["train", "dqn"], "needs ALGO and --env"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, words):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_corrupt_checkpoint(capsys, tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    code, _, err = run_cli(capsys, "eval", str(tmp_path))
+    assert code == 2 and "corrupt" in err and "Traceback" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run_cli(capsys, "eval", str(empty))
+    assert code == 2 and "no checkpoint.pt" in err
+
+
+def test_existing_run_is_not_overwritten_without_force(capsys, tmp_path):
+    (tmp_path / "result.json").write_text('{"keep": 1}')
+    code, _, err = run_cli(capsys, "train", "dqn", "--env", "CartPole-v1", "--out", str(tmp_path))
+    assert code == 2 and "--force" in err
+    assert json.loads((tmp_path / "result.json").read_text()) == {"keep": 1}
+
+
+def test_console_script_exit_status(tmp_path):
+    exe = Path(sys.executable).with_name("hetrl")
+    p = subprocess.run([str(exe), "train", "dqn", "--env", "Nope-v9"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.startswith("error: unknown env") and "Traceback" not in p.stderr
+
+
+def test_settings_command(capsys):
+    code, out, _ = run_cli(capsys, "settings", "dqn", "--env", "CartPole-v1", "--set", "lr=0.5")
+    assert code == 0 and "lr" in out and "0.5" in out
