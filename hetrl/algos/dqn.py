@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetrl.algos.nets import FlatAdam, mlp, soft_update
+from hetrl.algos.nets import FlatAdam, MLPGrad, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -82,6 +82,8 @@ class DQN:
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
+        # plain MLP: same gradients without autograd's per-op overhead (see nets.MLPGrad)
+        self.fast = MLPGrad(self.q.q) if not cfg.dueling and len(obs_shape) == 1 else None
         self.updates = 0
 
     def _net(self) -> QNetwork:
@@ -129,17 +131,25 @@ class DQN:
         """One gradient step per leading index of `batches` (shape (K, B, ...)); returns |TD|
         of shape (K, B) for the priorities.  The target net is fixed during the K steps, so
         (plain DQN) all K targets come from one batched forward pass."""
-        K = weights.shape[0]
+        K, B = weights.shape
         fixed = not self.cfg.double
         targets = self._targets(batches) if fixed else None
         td_all = torch.empty_like(weights)
         for k in range(K):
             b = {key: v[k] for key, v in batches.items()}
             target = targets[k] if fixed else self._targets(b)
-            q = self.q(b["obs"]).gather(-1, b["action"].long().unsqueeze(-1)).squeeze(-1)
-            td = q - target
-            loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
-            self.opt.step(loss)
+            a = b["action"].long().unsqueeze(-1)
+            if self.fast is None:
+                q = self.q(b["obs"]).gather(-1, a).squeeze(-1)
+                td = q - target
+                loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
+                self.opt.step(loss)
+            else:  # the same loss through its gradient: d/dq mean(w * huber(td)) = w * clip(td, -1, 1) / B
+                q_all, acts = self.fast.forward(b["obs"])
+                td = q_all.gather(-1, a).squeeze(-1) - target
+                grad_q = torch.zeros_like(q_all).scatter_(-1, a, (weights[k] * td.clamp(-1.0, 1.0) / B).unsqueeze(-1))
+                self.fast.backward(acts, grad_q)
+                self.opt.step()
             td_all[k] = td.detach().abs()
         self.updates += K
         return td_all

@@ -29,7 +29,7 @@ class FlatAdam:
     module is on its device; the module's parameters become views of the buffer)."""
 
     def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0, eps: float = 1e-8):
-        params = list(module.parameters())
+        params = self.params = list(module.parameters())
         numel = sum(p.numel() for p in params)
         ref = params[0]
         self.flat = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
@@ -47,9 +47,12 @@ class FlatAdam:
         fused = ref.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
         self.opt = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=fused)
 
-    def step(self, loss: torch.Tensor) -> None:
-        self.grad.zero_()
-        loss.backward()
+    def step(self, loss: torch.Tensor | None = None) -> None:
+        """Backpropagate `loss` into this module's gradients and take an Adam step; with no loss,
+        step on gradients already written into the buffer (see MLPGrad)."""
+        if loss is not None:
+            self.grad.zero_()
+            loss.backward(inputs=self.params)  # only this module's grads (not the critic's in an actor loss)
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([self.param], self.max_grad_norm)
         self.opt.step()
@@ -70,3 +73,37 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
         torch._foreach_copy_(t, s)
     else:
         torch._foreach_lerp_(t, s, tau)
+
+
+class MLPGrad:
+    """Explicit forward/backward of a Linear-ReLU `mlp` for a loss given by its gradient w.r.t. the
+    output, writing parameter gradients straight into their (FlatAdam) buffers. It computes
+    exactly what autograd computes (tests assert bit equality) without building a graph: on a
+    small network most of autograd's time is per-op bookkeeping, not arithmetic."""
+
+    def __init__(self, net: nn.Sequential):
+        self.linears = [m for m in net if isinstance(m, nn.Linear)]
+        if not all(isinstance(m, (nn.Linear, nn.ReLU)) for m in net) or len(net) != 2 * len(self.linears) - 1:
+            raise ValueError("MLPGrad needs a plain Linear-ReLU-...-Linear stack")
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Output and the inputs of every layer (kept for backward)."""
+        acts = [x]
+        for i, lin in enumerate(self.linears):
+            x = torch.addmm(lin.bias, x, lin.weight.t())
+            if i < len(self.linears) - 1:
+                x = x.relu_()
+                acts.append(x)
+        return x, acts
+
+    @torch.no_grad()
+    def backward(self, acts: list[torch.Tensor], grad_out: torch.Tensor) -> None:
+        """Parameter gradients of a loss whose gradient w.r.t. the output is `grad_out`."""
+        g = grad_out
+        for i in range(len(self.linears) - 1, -1, -1):
+            lin = self.linears[i]
+            torch.mm(g.t(), acts[i], out=lin.weight.grad)
+            torch.sum(g, 0, out=lin.bias.grad)
+            if i:
+                g = torch.mm(g, lin.weight).mul_(acts[i] > 0)
