@@ -25,12 +25,17 @@ from hetrl.runtime.evaluate import evaluate
 from hetrl.runtime.logger import Logger
 
 
+SELECT_SEED, REPORT_SEED = 10_000, 20_000   # eval env seeds (offsets): choosing the best vs reporting it
+
+
 class Policy:
     """A trained policy: `act(obs)` gives the deterministic (greedy) env action(s)."""
 
-    def __init__(self, algo, cfg: Config, env: EnvSpec):
+    def __init__(self, algo, cfg: Config, env: EnvSpec, state: dict | None = None):
         self.algo, self.cfg, self.env = algo, cfg, env
         self._p = algo.make_policy(seed=cfg.seed)
+        if state is not None:
+            self._p.load(state)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs, dtype=np.float32)
@@ -45,7 +50,7 @@ class Policy:
     def evaluate(self, episodes: int = 10, seed: int | None = None, video_dir: str | None = None) -> dict:
         if episodes <= 0:
             raise UsageError(f"episodes must be positive, got {episodes}")
-        seed = self.cfg.seed + 10_000 if seed is None else seed
+        seed = self.cfg.seed + REPORT_SEED if seed is None else seed
         return evaluate(self.act, self.env, episodes, seed, video_dir=video_dir)
 
 
@@ -59,6 +64,8 @@ class Run:
         self.schedule = make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
         self.interrupted = False
+        self.best: dict[str, Any] = {}   # best evaluated policy: state, env_steps, eval_return_mean
+        self.eval_s = 0.0
 
     @property
     def algo(self):
@@ -66,7 +73,25 @@ class Run:
 
     @property
     def policy(self) -> Policy:
+        """The run's policy: the best evaluated one when keep_best, else the latest."""
+        if self.cfg.keep_best and self.best:
+            return Policy(self.algo, self.cfg, self.env, self.best["state"])
+        return self.last_policy
+
+    @property
+    def last_policy(self) -> Policy:
         return Policy(self.algo, self.cfg, self.env)
+
+    def _periodic_eval(self, logger: Logger) -> None:
+        """Evaluate the latest policy; keep it if it is the best so far (SB3's EvalCallback)."""
+        t = time.perf_counter()
+        ev = self.last_policy.evaluate(self.cfg.eval_episodes, seed=self.cfg.seed + SELECT_SEED)
+        steps = self.schedule.c.env_steps
+        logger.scalar("eval/return_mean", ev["eval_return_mean"], steps)
+        if not self.best or ev["eval_return_mean"] >= self.best["eval_return_mean"]:
+            self.best = {"state": {k: v.detach().to("cpu", copy=True) for k, v in self.algo.policy_state().items()},
+                         "env_steps": steps, "eval_return_mean": ev["eval_return_mean"]}
+        self.eval_s += time.perf_counter() - t
 
     # ---- training ----------------------------------------------------------------------
     def learn(self, progress: bool = True) -> "Run":
@@ -82,10 +107,16 @@ class Run:
 
         old = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
         t_start = time.perf_counter() - s.c.wall_s
+        periodic = self.cfg.keep_best and self.cfg.eval_episodes > 0
+        interval = self.cfg.eval_interval or max(1, self.cfg.steps // 10)
+        next_eval = (s.c.env_steps // interval + 1) * interval
         try:
             while not s.done() and not stop["asked"]:
                 eps = s.phase()
-                s.c.wall_s = time.perf_counter() - t_start
+                if periodic and (s.c.env_steps >= next_eval or s.done()):
+                    self._periodic_eval(logger)
+                    next_eval = (s.c.env_steps // interval + 1) * interval
+                s.c.wall_s = time.perf_counter() - t_start - self.eval_s
                 logger.episodes(eps)
                 f = s.figures()
                 logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
@@ -101,8 +132,15 @@ class Run:
         return self
 
     def evaluate(self, episodes: int | None = None, video_dir: str | None = None) -> dict:
-        ev = self.policy.evaluate(episodes or self.cfg.eval_episodes, video_dir=video_dir)
+        """Evaluate the run's policy (the best one when keep_best) on fresh seeds; also the latest
+        policy, as final_eval_return_mean, when they differ."""
+        n = episodes or self.cfg.eval_episodes or 10
+        ev = self.policy.evaluate(n, video_dir=video_dir)
         self.result.update(ev)
+        if self.cfg.keep_best and self.best:
+            last = self.last_policy.evaluate(n)
+            self.result.update(final_eval_return_mean=last["eval_return_mean"],
+                               final_eval_return_std=last["eval_return_std"])
         return ev
 
     def _result(self) -> dict:
@@ -110,8 +148,11 @@ class Run:
                 "schedule": self.cfg.schedule, **self.schedule.figures(),
                 "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
                 "device": str(self.schedule.device), "interrupted": self.interrupted,
+                "eval_s": self.eval_s, "policy": "best" if self.cfg.keep_best and self.best else "last",
+                **({"best_env_steps": self.best["env_steps"], "best_select_return_mean": self.best["eval_return_mean"]}
+                   if self.best else {}),
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
-                "config": self.cfg.to_dict(), **{k: v for k, v in self.result.items() if k.startswith("eval_")}}
+                "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
@@ -119,13 +160,19 @@ class Run:
         d.mkdir(parents=True, exist_ok=True)
         replay = self.save_replay if replay is None else replay
         state = self.schedule.state_dict(with_replay=False)
+        if self.best:
+            state["best"] = self.best
         atomic_save({"format": FORMAT, "hetrl_version": hetrl.__version__, "config": self.cfg.to_dict(),
                      "env": env_name(self.env), **state}, d / "checkpoint.pt")
         if replay:
             atomic_save(self.schedule.replay.state_dict(), d / "replay.pt")
-        self.result = {**self._result(), **{k: v for k, v in self.result.items() if k.startswith("eval_")}}
+        self.result = {**self._result(), **_evals(self.result)}
         write_json(self.result, d / "result.json")
         return d
+
+
+def _evals(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k.startswith(("eval_", "final_eval_"))}
 
 
 def _main_thread() -> bool:
@@ -182,6 +229,7 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     if replay is not None:
         state["replay"] = replay
     run.schedule.load_state_dict(state)
+    run.best = dict(ckpt.get("best", {}))
     run.learn(progress=progress)
     n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
     if n and not run.interrupted:
@@ -200,4 +248,5 @@ def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
     obs_space, act_space = probe_spaces(env)
     learner = make_algorithm(cfg, obs_space, act_space, "cpu")
     learner.load_state_dict(ckpt["algo"])
-    return Policy(learner, cfg, env)
+    best = ckpt.get("best")
+    return Policy(learner, cfg, env, best["state"] if best and cfg.keep_best else None)

@@ -37,3 +37,34 @@ def test_truncated_transition_carries_final_obs():
     assert actor.env_steps == 20
     eps = actor.drain_episodes()
     assert all(length <= 5 for _, length in eps)
+
+
+def test_envpool_backend_same_step_semantics():
+    import pytest
+
+    pytest.importorskip("envpool")
+    from hetrl.actors.envs import make_vector_env
+
+    venv = make_vector_env("CartPole-v1", 3, seed=0, backend="envpool")
+    obs, _ = venv.reset()
+    ends = 0
+    for _ in range(60):
+        prev = obs
+        obs, r, term, trunc, info = venv.step(np.zeros(3, dtype=np.int64))
+        for i in np.flatnonzero(term | trunc):
+            ends += 1
+            # final obs continues the episode; the returned obs starts a new one
+            assert np.abs(info["final_obs"][i] - prev[i]).max() < 0.5
+            assert np.abs(obs[i]).max() < 0.06
+    assert ends > 0
+    venv.close()
+
+
+def test_unknown_envpool_id_is_a_usage_error():
+    import pytest
+
+    from hetrl.actors.envs import make_vector_env
+    from hetrl.errors import UsageError
+
+    with pytest.raises(UsageError, match="env_backend"):
+        make_vector_env(short_cartpole, 2, seed=0, backend="envpool")

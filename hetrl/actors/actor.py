@@ -29,8 +29,8 @@ class ActingPolicy(Protocol):
 
 class Actor:
     def __init__(self, env: EnvSpec, num_envs: int, seed: int, policy: ActingPolicy,
-                 n_step: int = 1, gamma: float = 0.99):
-        self.venv = make_vector_env(env, num_envs, seed)
+                 n_step: int = 1, gamma: float = 0.99, backend: str = "gymnasium"):
+        self.venv = make_vector_env(env, num_envs, seed, backend)
         self.num_envs = num_envs
         self.policy = policy
         self.adder = NStepAdder(n_step, gamma, num_envs)

@@ -2,7 +2,8 @@
 
 Vector envs use Gymnasium's SAME_STEP autoreset: when an episode ends, `step` returns the
 first obs of the next episode and the true last obs in `info["final_obs"]`, so a truncated
-transition can bootstrap from its real next state.
+transition can bootstrap from its real next state. EnvPool (C++ vector envs, used when it is
+installed and knows the id) is adapted to the same semantics by `EnvPoolVector`.
 """
 
 from __future__ import annotations
@@ -66,9 +67,62 @@ def probe_spaces(env: EnvSpec) -> tuple[gym.Space, gym.Space]:
         e.close()
 
 
-def make_vector_env(env: EnvSpec, num_envs: int, seed: int) -> gym.vector.VectorEnv:
-    """`num_envs` copies stepped in this process (SyncVectorEnv: fastest for cheap envs here),
-    SAME_STEP autoreset; reset with seeds seed, seed+1, ...."""
+class EnvPoolVector:
+    """An EnvPool vector env with Gymnasium's SAME_STEP autoreset: finished envs are reset in the
+    same call and their last obs is returned in info["final_obs"] (EnvPool itself would reset
+    them on the *next* step, ignoring that step's action)."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int):
+        import warnings
+
+        import envpool
+
+        with warnings.catch_warnings():  # EnvPool's spaces have float64 bounds; Gymnasium warns on the cast
+            warnings.simplefilter("ignore", UserWarning)
+            self.pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
+                                     num_threads=1, seed=seed)
+            self.observation_space, self.action_space = self.pool.observation_space, self.pool.action_space
+        self.num_envs = num_envs
+        self.single_observation_space, self.single_action_space = self.observation_space, self.action_space
+        self.action_space.seed(seed)
+
+    def reset(self, seed=None):
+        obs, info = self.pool.reset()
+        return obs, info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.pool.step(actions)
+        done = terminated | truncated
+        if done.any():
+            ids = np.flatnonzero(done)
+            info = dict(info, final_obs=obs.copy())
+            obs = obs.copy()
+            obs[ids] = self.pool.reset(ids)[0]
+        return obs, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def envpool_supports(env: EnvSpec) -> bool:
+    if not isinstance(env, str) or ":" in env:
+        return False
+    try:
+        import envpool
+    except ImportError:
+        return False
+    return env in envpool.list_all_envs()
+
+
+def make_vector_env(env: EnvSpec, num_envs: int, seed: int, backend: str = "gymnasium"):
+    """`num_envs` copies stepped in this process with SAME_STEP autoreset, seeded seed, seed+1, ...
+    backend: gymnasium (SyncVectorEnv: fastest Python vector here), envpool, or auto (envpool
+    when installed and it knows the id)."""
+    if backend == "envpool" and not envpool_supports(env):
+        raise UsageError(f"env_backend=envpool but EnvPool is not installed or does not know {env_name(env)!r}; "
+                         "pip install envpool, or use --set env_backend=gymnasium")
+    if backend in ("auto", "envpool") and envpool_supports(env):
+        return EnvPoolVector(env, num_envs, seed)
     make_env(env).close()  # surface bad ids as UsageError before building the vector
     venv = gym.vector.SyncVectorEnv([lambda: make_env(env) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -68,7 +68,7 @@ class InlineSchedule:
         self.params = ParameterStore()
         self.params.publish(self.algo.policy_state())
         self.actor = Actor(env, cfg.num_envs, cfg.seed, self.algo.make_policy(seed=cfg.seed + 1),
-                           cfg.n_step, cfg.gamma)
+                           cfg.n_step, cfg.gamma, cfg.env_backend)
         self.c = Counters()
 
     # ---- the protocol, one phase ---------------------------------------------------------
