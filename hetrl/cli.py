@@ -34,6 +34,12 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
     p.add_argument("--save-replay", action="store_true", help="also save the replay (exact --resume)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # local schedule (hetrl/runtime/local.py): shorthands for --set schedule=/actors=/envs_per_actor=
+    p.add_argument("--schedule", choices=["inline", "local"],
+                   help="inline: one process; local: actor processes + learner (see docs/local.md)")
+    p.add_argument("--actors", type=int, metavar="N", help="actor processes (local schedule; default: cores - 1)")
+    p.add_argument("--envs-per-actor", type=int, metavar="M",
+                   help="envs stepped by each actor (local schedule; default: num_envs / actors)")
     p.set_defaults(func=cmd_train)
 
 
@@ -100,7 +106,7 @@ def cmd_train(args) -> int:
 
     progress = not args.no_progress
     if args.resume:
-        if args.algo or args.env or args.sets or args.config:
+        if args.algo or args.env or args.sets or args.config or _schedule_flags(args):
             raise UsageError("--resume takes the settings saved in the run; drop ALGO/--env/--set/--config "
                              "(only --steps may change)")
         run = api.resume(args.resume, steps=args.steps, progress=progress)
@@ -111,6 +117,7 @@ def cmd_train(args) -> int:
     over = _overrides(args)
     if args.steps is not None:
         over["steps"] = args.steps
+    over.update(_schedule_flags(args))
     over["seed"] = args.seed
     cfg = make_config(args.algo, args.env, over)
     check_spaces(cfg.algo, *probe_spaces(cfg.env))
@@ -131,9 +138,18 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _schedule_flags(args) -> dict:
+    """--schedule/--actors/--envs-per-actor as settings (they win over --set and --config)."""
+    flags = {"schedule": args.schedule, "actors": args.actors, "envs_per_actor": args.envs_per_actor}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def _summary(result: dict, out: Path) -> None:
     keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "train_samples_per_s",
-            "eval_return_mean", "eval_return_std"]
+            "eval_return_mean", "eval_return_std", "policy", "best_env_steps", "final_eval_return_mean",
+            # local schedule figures (absent under inline)
+            "actors", "envs_per_actor", "replay_ratio_achieved", "policy_staleness_mean",
+            "actor_busy_fraction", "learner_busy_fraction"]
     fig = {k: result[k] for k in keys if k in result}
     print(json.dumps(fig, indent=None, default=lambda v: round(v, 2)))
     print(f"hetrl: saved {out}/result.json and {out}/checkpoint.pt", file=sys.stderr)

@@ -30,11 +30,24 @@ class Config:
     steps: int = 50_000                 # total env steps
     seed: int = 0
     # system
-    schedule: str = "inline"            # inline (one process); later: local, ray
+    schedule: str = "inline"            # inline (one process), local (actor processes); later: ray
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
     num_envs: int = 8                   # envs stepped together by the actor (batched inference)
+    env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
+    # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
+    actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
+    envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)
+    insert_chunk: int = 0               # env steps per actor insert message; 0 = auto (see docs/local.md)
+    rate_limit: bool = True             # Reverb-style samples-per-insert limiter holds the replay ratio
+    rate_tolerance: int = 0             # env steps either side may run ahead of the ratio; 0 = auto
+    overlap: bool = True                # actors act while the learner learns (False: lockstep)
+    batched_insert: bool = True         # one insert message per chunk (False: one per vector step)
+    prefetch: bool = True               # a learner thread samples the next batch during the update
+    actor_one_thread: bool = True       # torch.set_num_threads(1) in every actor process
+    preallocate: bool = True            # no per-step allocation: staging written in place, fixed batch buffers
+    # --- end local schedule -------------------------------------------------------------------
     # replay
     buffer_size: int = 100_000
     batch_size: int = 64
@@ -62,7 +75,9 @@ class Config:
     noise_type: str = "normal"          # normal | ou
     noise_std: float = 0.1
     # evaluation and logging
-    eval_episodes: int = 10
+    eval_episodes: int = 10             # episodes per evaluation (0: no evaluation)
+    eval_interval: int = 0              # env steps between evaluations during training; 0 = a tenth of the run
+    keep_best: bool = True              # the run's policy is the best evaluated one (SB3 EvalCallback style)
     log_interval: int = 2_000           # env steps between logged scalars
 
     @property
@@ -80,12 +95,14 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _CHOICES = {
     "algo": ALGOS,
-    "schedule": ("inline",),
+    "schedule": ("inline", "local"),
     "noise_type": ("normal", "ou"),
+    "env_backend": ("auto", "gymnasium", "envpool"),
 }
 _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
              "target_update_interval", "publish_interval", "log_interval")
-_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes")
+_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval",
+                 "actors", "envs_per_actor", "insert_chunk", "rate_tolerance")  # local schedule: last 4
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
@@ -217,6 +234,8 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
         raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
+    if cfg.actors > 64:  # local schedule
+        raise UsageError(f"actors={cfg.actors} is more actor processes than hetrl supports (64); lower --actors")
 
 
 def settings_help() -> str:
