@@ -66,3 +66,20 @@ def test_console_script_exit_status(tmp_path):
 def test_settings_command(capsys):
     code, out, _ = run_cli(capsys, "settings", "dqn", "--env", "CartPole-v1", "--set", "lr=0.5")
     assert code == 0 and "lr" in out and "0.5" in out
+
+
+def test_train_eval_resume_happy_path(capsys, tmp_path):
+    out = tmp_path / "run"
+    tiny = ["--set", "learning_starts=200", "--set", "train_freq=100", "--set", "gradient_steps=10",
+            "--set", "batch_size=32", "--set", "net_arch=[16]", "--set", "threads=1", "--set", "eval_episodes=2"]
+    code, stdout, _ = run_cli(capsys, "train", "dqn", "--env", "CartPole-v1", "--steps", "400", "--out", str(out),
+                              "--no-progress", "--save-replay", *tiny)
+    assert code == 0 and json.loads(stdout)["env_steps"] == 400
+    assert (out / "replay.pt").exists()
+    code, stdout, _ = run_cli(capsys, "eval", str(out), "--episodes", "3", "--render", "rgb_array")
+    res = json.loads(stdout)
+    assert code == 0 and res["eval_episodes"] == 3 and (out / "frames.npz").exists()
+    code, stdout, err = run_cli(capsys, "train", "--resume", str(out), "--steps", "600", "--no-progress")
+    assert code == 0 and json.loads(stdout)["env_steps"] == 600, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(out), "--steps", "500")
+    assert code == 2 and "not beyond" in err
