@@ -87,3 +87,22 @@ def test_dqn_fast_path_equals_autograd_bit_for_bit():
     assert torch.equal(td_fast, td_ref)
     for p, q in zip(fast.q.parameters(), ref.q.parameters()):
         assert torch.equal(p, q)
+
+
+def test_ddpg_fast_path_matches_autograd():
+    torch.manual_seed(0)
+    spaces = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)))
+    cfg = make_config("ddpg", "Pendulum-v1", {"net_arch": [32, 16]})
+    fast, ref = make_algorithm(cfg, *spaces), make_algorithm(cfg, *spaces)
+    ref.fast = False
+    for name in ("actor", "actor_target", "critic", "critic_target"):
+        getattr(ref, name).load_state_dict(getattr(fast, name).state_dict())
+    K, B = 5, 16
+    batches = {"obs": torch.randn(K, B, 3), "action": torch.rand(K, B, 2) * 2 - 1, "reward": torch.randn(K, B),
+               "next_obs": torch.randn(K, B, 3), "terminated": torch.rand(K, B) < 0.2,
+               "truncated": torch.zeros(K, B, dtype=torch.bool), "steps": torch.ones(K, B, dtype=torch.uint8)}
+    w = torch.rand(K, B)
+    torch.testing.assert_close(fast.learn(batches, w), ref.learn(batches, w), rtol=1e-5, atol=1e-6)
+    for name in ("actor", "critic", "actor_target", "critic_target"):
+        for p, q in zip(getattr(fast, name).parameters(), getattr(ref, name).parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -145,7 +145,7 @@ class DQN:
                 loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
                 self.opt.step(loss)
             else:  # the same loss through its gradient: d/dq mean(w * huber(td)) = w * clip(td, -1, 1) / B
-                q_all, acts = self.fast.forward(b["obs"])
+                q_all, acts = self.fast.forward(b["obs"])  # (B, n_actions)
                 td = q_all.gather(-1, a).squeeze(-1) - target
                 grad_q = torch.zeros_like(q_all).scatter_(-1, a, (weights[k] * td.clamp(-1.0, 1.0) / B).unsqueeze(-1))
                 self.fast.backward(acts, grad_q)

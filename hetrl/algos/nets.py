@@ -76,34 +76,47 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 class MLPGrad:
-    """Explicit forward/backward of a Linear-ReLU `mlp` for a loss given by its gradient w.r.t. the
-    output, writing parameter gradients straight into their (FlatAdam) buffers. It computes
-    exactly what autograd computes (tests assert bit equality) without building a graph: on a
-    small network most of autograd's time is per-op bookkeeping, not arithmetic."""
+    """Explicit forward/backward of a Linear-ReLU `mlp` (optionally ending in Tanh) for a loss
+    given by its gradient w.r.t. the output, writing parameter gradients straight into their
+    (FlatAdam) buffers. It computes what autograd computes (tests compare them) without building
+    a graph: on a small network most of autograd's time is per-op bookkeeping, not arithmetic."""
 
     def __init__(self, net: nn.Sequential):
-        self.linears = [m for m in net if isinstance(m, nn.Linear)]
-        if not all(isinstance(m, (nn.Linear, nn.ReLU)) for m in net) or len(net) != 2 * len(self.linears) - 1:
-            raise ValueError("MLPGrad needs a plain Linear-ReLU-...-Linear stack")
+        layers = list(net)
+        self.tanh = isinstance(layers[-1], nn.Tanh)
+        if self.tanh:
+            layers = layers[:-1]
+        self.linears = [m for m in layers if isinstance(m, nn.Linear)]
+        if not all(isinstance(m, (nn.Linear, nn.ReLU)) for m in layers) or len(layers) != 2 * len(self.linears) - 1:
+            raise ValueError("MLPGrad needs a plain Linear-ReLU-...-Linear(-Tanh) stack")
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Output and the inputs of every layer (kept for backward)."""
+        """Output and what backward needs (the input of every layer, then the output)."""
         acts = [x]
         for i, lin in enumerate(self.linears):
             x = torch.addmm(lin.bias, x, lin.weight.t())
             if i < len(self.linears) - 1:
                 x = x.relu_()
                 acts.append(x)
+        if self.tanh:
+            x = x.tanh_()
+        acts.append(x)
         return x, acts
 
     @torch.no_grad()
-    def backward(self, acts: list[torch.Tensor], grad_out: torch.Tensor) -> None:
-        """Parameter gradients of a loss whose gradient w.r.t. the output is `grad_out`."""
-        g = grad_out
+    def backward(self, acts: list[torch.Tensor], grad_out: torch.Tensor, params: bool = True,
+                 input_grad: bool = False) -> torch.Tensor | None:
+        """Write the parameter gradients (if `params`) of a loss whose gradient w.r.t. the output
+        is `grad_out`; return its gradient w.r.t. the input if `input_grad`."""
+        g = grad_out * (1.0 - acts[-1] * acts[-1]) if self.tanh else grad_out
         for i in range(len(self.linears) - 1, -1, -1):
             lin = self.linears[i]
-            torch.mm(g.t(), acts[i], out=lin.weight.grad)
-            torch.sum(g, 0, out=lin.bias.grad)
-            if i:
-                g = torch.mm(g, lin.weight).mul_(acts[i] > 0)
+            if params:
+                torch.mm(g.t(), acts[i], out=lin.weight.grad)
+                torch.sum(g, 0, out=lin.bias.grad)
+            if i or input_grad:
+                g = torch.mm(g, lin.weight)
+                if i:
+                    g = g.mul_(acts[i] > 0)
+        return g if input_grad else None
