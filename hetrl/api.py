@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ class Run:
         self.result: dict[str, Any] = {}
         self.interrupted = False
         self.best: dict[str, Any] = {}   # best evaluated policy: state, env_steps, eval_return_mean
+        self.plan_info: dict[str, Any] = {}  # the planner's plan and predicted figures (--plan auto)
         self.eval_s = 0.0
 
     @property
@@ -152,7 +154,7 @@ class Run:
                 **({"best_env_steps": self.best["env_steps"], "best_select_return_mean": self.best["eval_return_mean"]}
                    if self.best else {}),
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
-                "config": self.cfg.to_dict(), **_evals(self.result)}
+                **self.plan_info, "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
@@ -181,6 +183,26 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughput",
+              quiet: bool = False) -> tuple[Config, dict[str, Any]]:
+    """The planner's best plan around the settings the user gave by hand (they are pins):
+    (cfg with the plan applied, the plan and its predicted figures for result.json)."""
+    from hetrl.planner import plan
+    from hetrl.planner.search import pins_from_settings
+
+    def note(msg: str) -> None:
+        if not quiet:
+            print(f"hetrl: {msg}", file=sys.stderr, flush=True)
+
+    result = plan(cfg, objective=objective, pins=pins_from_settings(settings, cfg.schedule), progress=note)
+    p = result.plan
+    shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
+    note(f"plan ({objective}): {p.schedule}, {shape}, learner on {p.learner_device}; predicted "
+         f"{result.predicted_env_steps_per_s:,.0f} env steps/s ({result.bottleneck}); `hetrl plan` explains it")
+    return result.apply(cfg), {"plan": result.to_json(), "predicted_env_steps_per_s": result.predicted_env_steps_per_s,
+                               "predicted_train_samples_per_s": result.predicted_train_samples_per_s}
+
+
 def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> dict[str, Any]:
     base = read_config_file(config) if isinstance(config, (str, Path)) else dict(config or {})
     return {**base, **{k: v for k, v in settings.items() if v is not None}}
@@ -189,19 +211,27 @@ def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> di
 def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int = 0,
           out: str | Path | None = None, force: bool = False, config: str | Path | dict | None = None,
           save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
-          **settings: Any) -> Run:
+          plan: str = "none", objective: str = "throughput", **settings: Any) -> Run:
     """Train `algo` on `env` (an id, 'module:EnvId', or a zero-argument env factory).
 
     Settings not given come from the env's preset (hetrl/presets.yaml); any Config field can be
-    passed as a keyword (e.g. lr=1e-3, prioritized=True). Returns the finished Run, evaluated
-    over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
+    passed as a keyword (e.g. lr=1e-3, prioritized=True). plan="auto" lets the planner choose
+    the schedule, actor count and devices around the settings given here (`hetrl plan` shows
+    why). Returns the finished Run, evaluated over `eval_episodes` episodes (0 to skip) and saved
+    to `out` if given.
     """
-    cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env,
-                      _overrides(config, {"steps": steps, "seed": seed, **settings}))
+    if plan not in ("auto", "none"):
+        raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
+    over = _overrides(config, {"steps": steps, "seed": seed, **settings})
+    cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
+    planned: dict[str, Any] = {}
+    if plan == "auto":
+        cfg, planned = auto_plan(cfg, over, objective, quiet=not progress)
     out_path = Path(out) if out is not None else None
     if out_path is not None:
         check_out_dir(out_path, force)
     run = Run(cfg, env, out_path, save_replay)
+    run.plan_info = planned
     run.learn(progress=progress)
     n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
     if n and not run.interrupted:

@@ -20,7 +20,7 @@ from hetrl.errors import UsageError
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train an agent (profiles nothing yet: inline schedule)",
+    p = sub.add_parser("train", help="train an agent (profiles and plans first unless --plan none)",
                        description="Train ALGO on an env with its preset hyperparameters.")
     p.add_argument("algo", nargs="?", help="dqn or ddpg")
     p.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1 or module:EnvId")
@@ -34,6 +34,11 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
     p.add_argument("--save-replay", action="store_true", help="also save the replay (exact --resume)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plan", choices=["auto", "none"], default="auto",
+                   help="auto (default): profile once, then let the planner place the parts and choose the "
+                        "actor count around what you set by hand; none: run the settings as given")
+    p.add_argument("--objective", choices=["throughput", "efficiency"], default="throughput",
+                   help="what --plan auto optimises: env steps/s, or env steps per joule")
     # local schedule (hetrl/runtime/local.py): shorthands for --set schedule=/actors=/envs_per_actor=
     p.add_argument("--schedule", choices=["inline", "local"],
                    help="inline: one process; local: actor processes + learner (see docs/local.md)")
@@ -71,12 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_settings(sub)
-    try:
-        from hetrl.tabular.cli import register
-    except ImportError:
-        pass
-    else:
-        register(sub)
+    from hetrl.planner.cli import register as register_planner
+    from hetrl.tabular.cli import register as register_tabular
+
+    register_planner(sub)
+    register_tabular(sub)
     return parser
 
 
@@ -123,9 +127,14 @@ def cmd_train(args) -> int:
     check_spaces(cfg.algo, *probe_spaces(cfg.env))
     out = Path(args.out or f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
     check_out_dir(out, args.force)
+    planned = None
+    if args.plan == "auto":
+        cfg, planned = api.auto_plan(cfg, over, args.objective)
     print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps "
           f"(schedule {cfg.schedule}, device {cfg.device}, {cfg.num_envs} envs) -> {out}", file=sys.stderr)
     run = api.Run(cfg, cfg.env, out, save_replay=args.save_replay)
+    if planned is not None:
+        run.plan_info = planned
     run.learn(progress=progress)
     if run.interrupted:
         print(f"hetrl: interrupted at {run.result['env_steps']:,} env steps; checkpoint saved in {out} "
@@ -145,8 +154,13 @@ def _schedule_flags(args) -> dict:
 
 
 def _summary(result: dict, out: Path) -> None:
+    if result.get("predicted_env_steps_per_s") and result.get("env_steps_per_s"):
+        err = result["env_steps_per_s"] / result["predicted_env_steps_per_s"] - 1
+        print(f"hetrl: measured {result['env_steps_per_s']:,.0f} env steps/s vs predicted "
+              f"{result['predicted_env_steps_per_s']:,.0f} ({err:+.0%})", file=sys.stderr)
     keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "train_samples_per_s",
             "eval_return_mean", "eval_return_std", "policy", "best_env_steps", "final_eval_return_mean",
+            "predicted_env_steps_per_s",
             # local schedule figures (absent under inline)
             "actors", "envs_per_actor", "replay_ratio_achieved", "policy_staleness_mean",
             "actor_busy_fraction", "learner_busy_fraction"]

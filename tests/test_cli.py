@@ -73,7 +73,7 @@ def test_train_eval_resume_happy_path(capsys, tmp_path):
     tiny = ["--set", "learning_starts=200", "--set", "train_freq=100", "--set", "gradient_steps=10",
             "--set", "batch_size=32", "--set", "net_arch=[16]", "--set", "threads=1", "--set", "eval_episodes=2"]
     code, stdout, _ = run_cli(capsys, "train", "dqn", "--env", "CartPole-v1", "--steps", "400", "--out", str(out),
-                              "--no-progress", "--save-replay", *tiny)
+                              "--no-progress", "--save-replay", "--plan", "none", *tiny)
     assert code == 0 and json.loads(stdout)["env_steps"] == 400
     assert (out / "replay.pt").exists()
     code, stdout, _ = run_cli(capsys, "eval", str(out), "--episodes", "3", "--render", "rgb_array")
@@ -83,3 +83,19 @@ def test_train_eval_resume_happy_path(capsys, tmp_path):
     assert code == 0 and json.loads(stdout)["env_steps"] == 600, err
     code, _, err = run_cli(capsys, "train", "--resume", str(out), "--steps", "500")
     assert code == 2 and "not beyond" in err
+
+
+def test_train_with_auto_plan_records_prediction(capsys, tmp_path, monkeypatch):
+    """`hetrl train --plan auto` plans around pinned settings and writes plan + prediction."""
+    monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path / "cache"))
+    small = ["--set", "learning_starts=200", "--set", "train_freq=100", "--set", "gradient_steps=10",
+             "--set", "batch_size=32", "--set", "net_arch=[16]", "--set", "eval_episodes=0"]
+    code, _, err = run_cli(capsys, "profile", "dqn", "--env", "CartPole-v1", "--quick", *small)
+    assert code == 0, err
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(capsys, "train", "dqn", "--env", "CartPole-v1", "--steps", "400", "--out", str(out),
+                                "--no-progress", "--schedule", "inline", "--set", "threads=1", *small)
+    assert code == 0, err
+    res = json.loads((out / "result.json").read_text())
+    assert res["plan"]["plan"]["schedule"] == "inline" and res["predicted_env_steps_per_s"] > 0
+    assert "predicted" in err

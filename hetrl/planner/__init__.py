@@ -1,0 +1,54 @@
+"""The planner: profile the machine, model any placement of the protocol's parts, pick the best.
+
+    from hetrl.config import make_config
+    from hetrl.planner import plan
+    result = plan(make_config("dqn", "CartPole-v1"), objective="throughput", pins={"actors": 2})
+    result.plan.settings()          # Config overrides: schedule, device, num_envs, threads, ...
+    cfg = result.apply(cfg)         # the same, applied (validated Config)
+    result.to_json()                # plan, predicted figures, runners-up, bottleneck (docs/planner.md)
+
+Parts: profile.py (measure + cache), model.py (the formulas), search.py (candidates, objective,
+pins), power.py (RAPL / NVML / estimated watts), explain.py (tables), cli.py (`hetrl profile`,
+`hetrl plan`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from hetrl.planner.model import Plan, Prediction, Workload, predict
+from hetrl.planner.search import OBJECTIVES, PlanResult, parse_pins, pins_from_settings, search
+
+
+def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None = None, profile=None, *,
+         cores: float | str | None = None, schedules: Iterable[str] | None = None, placement: str = "runnable",
+         refresh: bool = False, quick: bool = False, progress: Callable[[str], None] | None = None,
+         top: int = 5) -> PlanResult:
+    """The best plan for ``cfg`` (a hetrl Config) on this machine.
+
+    ``profile``: a ProfileTable (default: the cached one for cfg, measured first if missing);
+    ``pins``: plan fields fixed by the user ({"actors": 2, "learner_device": "cpu"} or
+    ["actors=2", ...]); ``cores``: plan for this many cores (default: the profiled machine's;
+    a fraction where other programs take part of the machine);
+    ``schedules``: restrict the schedules; ``placement``: "runnable" (what this build can run)
+    or "all" (every placement the model can price); ``quick``: profile a tiny grid if nothing
+    is cached (smoke tests). ``cores="auto"`` plans for the cores this machine gives us now
+    (a probe, see load.py), useful where other programs share it."""
+    pins = parse_pins(pins)  # bad pins fail before any measuring
+    if objective not in OBJECTIVES:
+        from hetrl.errors import UsageError
+
+        raise UsageError(f"objective {objective!r} is unknown; choose one of: {', '.join(OBJECTIVES)}")
+    if profile is None:
+        from hetrl.planner.profile import load_or_profile
+
+        profile = load_or_profile(cfg, refresh=refresh, quick=quick, progress=progress)
+    if cores == "auto":
+        from hetrl.planner.load import available_cores
+
+        cores = round(available_cores(), 2)
+    return search(profile, Workload.from_config(cfg), objective, pins, cores, schedules, placement, top)
+
+
+__all__ = ["plan", "Plan", "PlanResult", "Prediction", "Workload", "predict", "parse_pins", "pins_from_settings",
+           "OBJECTIVES"]

@@ -1,0 +1,110 @@
+"""`hetrl profile` and `hetrl plan` (wired into hetrl/cli.py through :func:`register`).
+
+    hetrl profile [ALGO --env ID] [--set key=value ...] [--refresh] [--quick] [--json]
+    hetrl plan ALGO --env ID [--objective throughput|efficiency] [--set key=value ...]
+               [--pin key=value ...] [--cores N|auto] [--all-placements] [--top K]
+               [--refresh] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _progress(quiet: bool = False):
+    """Profiling progress on stderr (stdout stays one JSON object with --json)."""
+    if quiet:
+        return None
+
+    def say(msg: str) -> None:
+        print(f"hetrl profile: {msg}", file=sys.stderr, flush=True)
+    return say
+
+
+def _config(args):
+    from hetrl.actors.envs import probe_spaces
+    from hetrl.algos import check_spaces
+    from hetrl.config import make_config, parse_sets
+
+    cfg = make_config(args.algo, args.env, parse_sets(args.sets))
+    check_spaces(cfg.algo, *probe_spaces(cfg.env))
+    return cfg
+
+
+def cmd_profile(args) -> int:
+    from hetrl.planner.explain import render_profile
+    from hetrl.planner.profile import load_or_profile
+
+    cfg = _config(args)
+    table = load_or_profile(cfg, refresh=args.refresh, quick=args.quick, progress=_progress())
+    if args.json:
+        print(json.dumps({**table.to_json(), "path": str(table.path), "from_cache": table.from_cache}))
+    else:
+        render_profile(table)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from hetrl.errors import UsageError
+    from hetrl.planner import plan
+    from hetrl.planner.explain import render_plan
+
+    if not args.algo or not args.env:
+        raise UsageError("plan needs ALGO and --env, e.g. `hetrl plan dqn --env CartPole-v1`")
+    cores = args.cores
+    if cores is not None and cores != "auto":
+        try:
+            cores = float(cores)
+        except ValueError:
+            raise UsageError(f"--cores {args.cores!r} is not a number; give e.g. --cores 4, --cores 1.5 or "
+                             "--cores auto") from None
+        if cores <= 0:
+            raise UsageError(f"--cores must be > 0, got {args.cores}")
+    cfg = _config(args)
+    result = plan(cfg, objective=args.objective, pins=args.pins, cores=cores,
+                  placement="all" if args.all_placements else "runnable", refresh=args.refresh,
+                  quick=args.quick, progress=_progress(), top=args.top)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        render_plan(result)
+    return 0
+
+
+def register(subparsers) -> None:
+    from hetrl.planner.search import OBJECTIVES, PLAN_FIELDS
+
+    p = subparsers.add_parser("profile", help="measure this machine's primitives for an algo/env, cache the table",
+                              description="Time env steps, inference, learner updates, replay insert/sample/update "
+                                          "and transfers on every device present; cache the table per machine.")
+    p.add_argument("algo", nargs="?", default="dqn", help="dqn or ddpg (default dqn)")
+    p.add_argument("--env", default="CartPole-v1", help="Gymnasium id (default CartPole-v1)")
+    p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a setting (net_arch, batch_size, ...) as for train")
+    p.add_argument("--refresh", action="store_true", help="measure again even if a cached table exists")
+    p.add_argument("--quick", action="store_true", help="a tiny grid (seconds; for smoke tests)")
+    p.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    p.set_defaults(func=cmd_profile)
+
+    q = subparsers.add_parser("plan", help="show the best placement for ALGO on an env, with predicted figures",
+                              description="Pick the plan (schedule, actors, envs per actor, devices, threads) "
+                                          "with the best predicted throughput or efficiency; see docs/planner.md.")
+    q.add_argument("algo", nargs="?", help="dqn or ddpg")
+    q.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1")
+    q.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                   help="throughput: env steps/s at the preset replay ratio; efficiency: env steps per joule")
+    q.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a setting as for train (e.g. --set prioritized=true)")
+    q.add_argument("--pin", dest="pins", action="append", metavar="KEY=VALUE", default=[],
+                   help=f"fix a plan field and search the rest ({', '.join(PLAN_FIELDS)}, or device)")
+    q.add_argument("--cores", metavar="N|auto",
+                   help="plan for N CPU cores (default: this machine's; a fraction is fine); auto: the cores "
+                        "this machine gives us now (a 0.4 s probe; for machines shared with other programs)")
+    q.add_argument("--all-placements", action="store_true",
+                   help="also price placements this build cannot run yet (local schedule, DS apart from learner)")
+    q.add_argument("--top", type=int, default=5, help="runners-up to show (default 5)")
+    q.add_argument("--refresh", action="store_true", help="re-profile first")
+    q.add_argument("--quick", action="store_true", help="if no profile is cached, measure a tiny grid (smoke tests)")
+    q.add_argument("--json", action="store_true", help="print the result as one JSON object (docs/planner.md)")
+    q.set_defaults(func=cmd_plan)

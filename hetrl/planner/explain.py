@@ -1,0 +1,112 @@
+"""Explain: the chosen plan, its predicted figures, the runners-up and the bottleneck, as tables."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from hetrl.planner.model import Prediction
+from hetrl.planner.profile import ProfileTable
+from hetrl.planner.search import PlanResult
+
+
+def _est(pred: Prediction) -> str:
+    return "" if pred.power_source == "measured" else f" ({pred.power_source})"
+
+
+def _busy(pred: Prediction, cores: float) -> str:
+    parts = []
+    for dev, f in pred.busy.items():
+        extra = f" = {f * cores:.1f} of {cores:g} cores" if dev == "cpu" else ""
+        parts.append(f"{dev} {100 * f:.0f}%{extra}")
+    return ", ".join(parts)
+
+
+def render_plan(result: PlanResult, console: Console | None = None) -> None:
+    con = console or Console()
+    p, pred, w = result.plan, result.prediction, result.workload
+    con.print(f"[bold]hetrl plan[/]: {result.algo} on {result.env}, objective [bold]{result.objective}[/] "
+              f"({result.cores:g} cores, replay ratio {w.replay_ratio:g}, batch {p.batch_size}"
+              f"{', prioritized' if w.prioritized else ''}; {result.candidates} candidate plans)")
+    prof = result.profile
+    if prof.get("path"):
+        how = "cached" if prof.get("from_cache") else f"measured now in {prof.get('profile_s')} s"
+        con.print(f"profile: {prof['path']} ({how}, {prof.get('created')})")
+
+    t = Table(title="chosen plan", show_header=False, title_justify="left", box=None, padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("schedule", p.schedule)
+    t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device})")
+    t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}")
+    t.add_row("data storage", p.storage_device)
+    t.add_row("replay manager", p.replay_device)
+    t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items()))
+    con.print(t)
+
+    f = Table(title="predicted", show_header=False, title_justify="left", box=None, padding=(0, 2))
+    f.add_column(style="bold")
+    f.add_column(justify="right")
+    f.add_column()
+    f.add_row("env steps/s", f"{pred.env_steps_per_s:,.0f}", "")
+    f.add_row("train samples/s", f"{pred.train_samples_per_s:,.0f}", f"{pred.gradient_steps_per_s:,.0f} gradient steps/s")
+    f.add_row("busy", "", _busy(pred, result.cores))
+    f.add_row("power", f"{pred.watts:,.0f} W", _est(pred).strip(" ()") + " " + ", ".join(
+        f"{d} {v:.0f} W" for d, v in pred.power_by_device.items()))
+    f.add_row("steps per joule", f"{pred.steps_per_joule:,.1f}", _est(pred).strip(" ()"))
+    con.print(f)
+    con.print(f"[bold]bottleneck[/]: {result.bottleneck}")
+
+    if result.runners_up:
+        shown = [pred] + result.runners_up
+        # placement columns only where some plan shown puts that part apart
+        extra = [(name, key) for name, key in (("DS", "storage_device"), ("RM", "replay_device"),
+                                                ("infer", "actor_inference_device"))
+                 if any(getattr(q.plan, key) != (q.plan.learner_device if key == "storage_device" else "cpu")
+                        for q in shown)]
+        r = Table(title="next best plans (* = chosen; N x W = actors x envs each)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+        cols = [("#", "right"), ("schedule", "left"), ("N x W", "right"), ("learner", "left"),
+                ("thr", "right")] + [(name, "left") for name, _ in extra] + \
+               [("env steps/s", "right"), ("steps/J", "right"), ("bound", "left")]
+        for col, just in cols:
+            r.add_column(col, justify=just, no_wrap=True, min_width=len(col))
+        for i, q in enumerate(shown):
+            qp = q.plan
+            r.add_row("*" if i == 0 else str(i + 1), qp.schedule, f"{qp.actors} x {qp.envs_per_actor}",
+                      qp.learner_device, str(qp.threads), *[getattr(qp, key) for _, key in extra],
+                      f"{q.env_steps_per_s:,.0f}", f"{q.steps_per_joule:,.1f}", q.bound)
+        con.print(r)
+        if pred.power_source != "measured":
+            con.print(f"[dim]steps/J: {pred.power_source} power[/]")
+    for note in result.notes:
+        con.print(f"[dim]note: {note}[/]")
+
+
+def render_profile(table: ProfileTable, console: Console | None = None) -> None:
+    con = console or Console()
+    d = table.data
+    m = d["machine"]
+    src = "cached" if table.from_cache else f"measured in {d.get('profile_s')} s"
+    con.print(f"[bold]hetrl profile[/]: {d['key']['algo']} on {d['key']['env']} (network {d['key']['network']}, "
+              f"{d['key']['bytes_per_transition']} bytes/transition)")
+    con.print(f"machine: {m['hostname']}, {m['cpu_model']}, {m['cores']} cores, torch {m['torch']}"
+              f"{', GPUs: ' + ', '.join(m['gpus']) if m['gpus'] else ', no GPU'}")
+    con.print(f"table: {table.path} ({src}, {d.get('created')})")
+    t = Table(title="primitives (median per call; spread = interquartile range / median; "
+                    "(cap) = time cap reached before the median settled)", title_justify="left")
+    for col, just in (("primitive", "left"), ("device", "left"), ("size", "left"), ("median", "right"),
+                      ("spread", "right")):
+        t.add_column(col, justify=just)
+    for row in table.summary_rows():
+        t.add_row(*row)
+    con.print(t)
+    pw = Table(title="power", title_justify="left")
+    for col in ("device", "idle W", "busy W", "source", "note"):
+        pw.add_column(col)
+    for dev in table.devices:
+        e = table.power(dev)
+        pw.add_row(dev, f"{e.idle_w:.1f}", f"{e.busy_w:.1f}" + (" per core" if dev == "cpu" else ""),
+                   e.source, e.note)
+    con.print(pw)

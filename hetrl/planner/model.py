@@ -1,0 +1,292 @@
+"""Performance model: predicted env steps/s, training samples/s, busy fractions and power of a plan.
+
+Start: PEARL's iteration time for one gradient step, T_itr = T_sample + max(T_update + T_insert,
+T_learn). What it ignores, and this model adds: the number of actor processes and their envs,
+the CPU cores that actors, learner and replay manager share (and what oversubscribing them
+costs), transfers between devices, the rate limiter that fixes the replay ratio, the actors'
+inference device, grouped gradient steps, and continuous actions (bytes per transition and the
+DDPG update come from the profile of the actual spaces).
+
+Symbols (seconds, from the profile table; w = envs per actor, N = actors, B = batch size,
+b = bytes per transition, rr = replay ratio = gradient steps per env step, C = cores, t = learner
+threads (1 when the learner is on a GPU: its host thread drives it), k = gradient steps per
+sample/learn call (inline + uniform replay: a whole phase; local + uniform: up to 32; prioritized:
+1), n = env steps per insert (inline: train_freq; local: its chunk), p = 1 if prioritized else 0,
+x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
+
+    a  = act(w, inference device) / w                        actor time per env step (one core)
+    i  = [ds_insert(DS, n) + x(cpu->DS, n b) + p rm_insert(RM, n) (+ ipc message, local)] / n
+    s  = [rm_sample(RM, kB) + x(RM->DS, 8kB) + ds_gather(DS, kB) + x(DS->L, kB b) + x(RM->L, 4kB)] / k
+    l  = learn(L, B, t)  (x the profiled per-step gain of grouping k steps in one call, k > 1)
+    u  = p [x(L->RM, 4B) + rm_update(RM, B)]
+    y  = param_sync(L) / (gradient steps per publish)
+    g  = s + l + u + y               main process, wall time per gradient step
+       = max(s, l) + u + y           local with prefetch: sampling overlaps learning (PEARL's max)
+    gc = s + t l + u + y             main process, core-seconds per gradient step
+    m  = i + rr g,   mc = i + rr gc  per env step
+
+    inline:   X = 1 / (a + m)                                 one process alternates
+    local:    X = min(N / a,  1 / m,  C_eff / (a + mc))       actors | learner | shared cores
+    lockstep: X = min(1 / (a / min(N, C_eff) + m),  C_eff / (a + mc))    (local, overlap=false)
+              C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
+    P = the machine's cores; C may be fewer, a fraction even: the cores that are ours on a machine
+    shared with other programs (see load.py); inline then also gets X <= C / (a + mc) when C < t
+
+    env steps/s = X;  training samples/s = X rr B;  gradient steps/s = X rr
+    busy(cpu) = X (a + mc) / C;   busy(gpu) = X (seconds of the ops it runs per env step)
+    watts     = P_idle(cpu) + P_core busy(cpu) C + sum over GPUs used (P_idle + (P_board - P_idle) busy)
+    steps/J   = X / watts
+
+The rate limiter makes the faster side wait (it sleeps, freeing its core), so X is the slower
+side: the actors (N / a), the learner process (1 / m = gradient steps/s over rr) or the cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, field
+
+from hetrl.planner.profile import ProfileTable, grads_per_phase
+
+SCHEDULES = ("inline", "local")
+KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
+LOCAL_GROUP_MAX = 32         # hetrl/runtime/local.py GROUP_MAX: gradient steps per learn call
+LOCAL_MIN_CHUNK_STEPS = 8    # hetrl/runtime/local.py MIN_CHUNK_STEPS: vector steps per insert message
+IPC_MESSAGE_BYTES = 256      # a chunk notice (the data itself is staged in shared memory)
+KEY_BYTES, WEIGHT_BYTES, TD_BYTES = 8, 4, 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement of the protocol's parts. Devices are "cpu" or "cuda:i"."""
+
+    schedule: str = "inline"
+    actors: int = 1
+    envs_per_actor: int = 8
+    learner_device: str = "cpu"
+    storage_device: str = "cpu"          # data storage (DS): the transitions
+    replay_device: str = "cpu"           # replay manager (RM): sum tree / sampling
+    actor_inference_device: str = "cpu"
+    batch_size: int = 64
+    threads: int = 1                     # torch threads of the learner process
+
+    def settings(self) -> dict:
+        """Config overrides that run this plan (only keys the Config of this build has)."""
+        from hetrl.config import Config
+
+        have = {f.name for f in dataclasses.fields(Config)}
+        out = {"schedule": self.schedule, "device": self.learner_device,
+               "num_envs": self.envs_per_actor * (self.actors if self.schedule != "inline" else 1),
+               "threads": self.threads, "batch_size": self.batch_size}
+        if self.schedule != "inline":
+            out.update(actors=self.actors, envs_per_actor=self.envs_per_actor)
+        # placements this build's Config cannot express yet are passed once it has the fields
+        out.update(storage_device=self.storage_device, replay_device=self.replay_device,
+                   actor_device=self.actor_inference_device)
+        return {k: v for k, v in out.items() if k in have}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        act = f"{self.actors} actor{'s' if self.actors > 1 else ''} x {self.envs_per_actor} envs"
+        parts = [self.schedule, act, f"learner {self.learner_device} ({self.threads} thr)"]
+        if self.storage_device != self.learner_device:
+            parts.append(f"DS {self.storage_device}")
+        if self.replay_device != "cpu":
+            parts.append(f"RM {self.replay_device}")
+        if self.actor_inference_device != "cpu":
+            parts.append(f"inference {self.actor_inference_device}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Workload:
+    """What the run asks of the system (from its Config)."""
+
+    replay_ratio: float
+    batch_size: int
+    prioritized: bool = False
+    train_freq: int = 256
+    grads_per_phase: int = 1
+    publish_interval: int = 1
+    overlap: bool = True             # local: actors act while the learner learns
+    prefetch: bool = True            # local: a thread samples the next group during the update
+    insert_chunk: int = 0            # local: env steps per insert message (0 = auto)
+    batched_insert: bool = True
+
+    @classmethod
+    def from_config(cls, cfg) -> "Workload":
+        return cls(float(cfg.replay_ratio), int(cfg.batch_size), bool(cfg.prioritized), int(cfg.train_freq),
+                   grads_per_phase(cfg), int(cfg.publish_interval), bool(getattr(cfg, "overlap", True)),
+                   bool(getattr(cfg, "prefetch", True)), int(getattr(cfg, "insert_chunk", 0)),
+                   bool(getattr(cfg, "batched_insert", True)))
+
+
+@dataclass
+class Prediction:
+    plan: Plan
+    env_steps_per_s: float
+    train_samples_per_s: float
+    gradient_steps_per_s: float
+    bound: str                       # "actors" | "learner" | "cpu" | "inline-acting" | "inline-learning" ...
+    limits: dict[str, float]         # env steps/s each side alone would allow
+    busy: dict[str, float]           # per device: fraction busy (cpu: of all its cores)
+    roles: dict[str, float]          # fraction busy of each actor process / of the learner process
+    times: dict[str, float]          # the model's terms, seconds (a, i, s, l, u, y, g, m)
+    watts: float
+    steps_per_joule: float
+    power_source: str                # "measured" | "estimated" | "partly estimated"
+    power_by_device: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        r = lambda v: float(f"{v:.6g}")  # noqa: E731
+        return {"env_steps_per_s": r(self.env_steps_per_s), "train_samples_per_s": r(self.train_samples_per_s),
+                "gradient_steps_per_s": r(self.gradient_steps_per_s), "bound": self.bound,
+                "limits": {k: r(v) for k, v in self.limits.items()},
+                "busy": {k: r(v) for k, v in self.busy.items()}, "roles": {k: r(v) for k, v in self.roles.items()},
+                "times_s": {k: r(v) for k, v in self.times.items()}, "watts": r(self.watts),
+                "watts_by_device": {k: r(v) for k, v in self.power_by_device.items()},
+                "steps_per_joule": r(self.steps_per_joule), "power_source": self.power_source}
+
+
+def _chunk(plan: Plan, work: Workload) -> int:
+    """Env steps per insert (as hetrl/runtime/local.py layout() cuts them)."""
+    w, N = plan.envs_per_actor, plan.actors
+    if plan.schedule == "inline":
+        return max(w, w * math.ceil(work.train_freq / w))
+    if not work.batched_insert:
+        return w
+    if work.insert_chunk:
+        return w * math.ceil(work.insert_chunk / w)
+    return max(LOCAL_MIN_CHUNK_STEPS, math.ceil(work.train_freq / (N * w))) * w
+
+
+def _group(plan: Plan, work: Workload) -> int:
+    if work.prioritized:
+        return 1
+    if plan.schedule == "inline":
+        return work.grads_per_phase
+    return max(1, min(LOCAL_GROUP_MAX, work.grads_per_phase))
+
+
+def _per_publish(plan: Plan, work: Workload) -> int:
+    return max(1, work.grads_per_phase * work.publish_interval)
+
+
+def predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None = None) -> Prediction:
+    """The model's figures for ``plan`` (see the module docstring for the formulas). ``cores``:
+    the cores that are ours (default: the profiled machine's; a fraction on a shared machine)."""
+    C = float(cores or table.cores)
+    T, w, N, B, b = table, plan.envs_per_actor, plan.actors, plan.batch_size, table.bytes_per_transition
+    L, DS, RM, INF = plan.learner_device, plan.storage_device, plan.replay_device, plan.actor_inference_device
+    rr, p = work.replay_ratio, 1.0 if work.prioritized else 0.0
+    inline = plan.schedule == "inline"
+
+    a = T.act(w, INF) / w
+    n = _chunk(plan, work)
+    i_ds = T.op("ds_insert", DS, n) + T.xfer("cpu", DS, n * b)
+    i = (i_ds + p * T.op("rm_insert", RM, n) + (0.0 if inline else T.ipc(IPC_MESSAGE_BYTES))) / n
+    kg = _group(plan, work)
+    keys = T.op("rm_sample" if work.prioritized else "rm_uniform", RM, kg * B)
+    x_keys = T.xfer(RM, DS, KEY_BYTES * kg * B)
+    gather = T.op("ds_gather", DS, kg * B)
+    x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
+    s = (keys + x_keys + gather + x_batch) / kg
+    l = T.learn(L, B, plan.threads) * (T.learn_grouped_factor(L) if kg > 1 else 1.0)
+    u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
+    y = T.param_sync(L) / _per_publish(plan, work)
+    t_learn = plan.threads if L == "cpu" else 1
+    prefetch = not inline and work.prefetch
+    g = (max(s, l) if prefetch else s + l) + u + y
+    gc = s + t_learn * l + u + y
+    m, mc = i + rr * g, i + rr * gc
+    cpu_per_step = a + mc
+
+    r = t_learn if inline else N + t_learn                       # our runnable threads
+    phys = max(float(T.cores), math.ceil(C))                     # the cores they switch on
+    c_eff = C / (1.0 + KAPPA * max(0.0, r - phys) / phys) if not inline else C
+    if inline:
+        limits = {"inline": 1.0 / (a + m)}
+        if C < t_learn:                                          # fewer cores than the learner's threads
+            limits["cpu"] = C / (a + mc)
+        X = min(limits.values())
+        shares = {"acting": a, "learning": rr * (l + y), "replay": i + rr * (s + u - x_batch / kg),
+                  "transfers": rr * x_batch / kg}
+        bound = "inline-" + max(shares, key=shares.get) if X == limits["inline"] else "cpu"
+    else:
+        if work.overlap:
+            limits = {"actors": N / a, "learner": 1.0 / m, "cpu": c_eff / cpu_per_step}
+        else:  # lockstep: a collect round (actors in parallel), then the learner
+            limits = {"lockstep": 1.0 / (a / min(N, c_eff) + m), "cpu": c_eff / cpu_per_step}
+        X = min(limits.values())
+        order = ("learner", "lockstep", "cpu", "actors")  # on a tie, name the learner first
+        bound = min(limits, key=lambda key: (limits[key], order.index(key)))
+
+    # busy fractions
+    busy = {"cpu": min(1.0, X * cpu_per_step / C)}
+    gpu_time: dict[str, float] = {}
+    for dev, t in ((L, rr * l), (DS, i_ds / n + rr * gather / kg), (INF, T.infer(INF, w) / w)):
+        if dev != "cpu":
+            gpu_time[dev] = gpu_time.get(dev, 0.0) + t
+    if RM != "cpu":
+        gpu_time[RM] = gpu_time.get(RM, 0.0) + p * T.op("rm_insert", RM, n) / n + rr * (keys / kg + u)
+    for dev, t in gpu_time.items():
+        busy[dev] = min(1.0, X * t)
+    roles = {"actor": min(1.0, X * a / N) if not inline else min(1.0, X * a),
+             "learner": min(1.0, X * m)}
+
+    # power
+    watts_by, sources = {}, set()
+    pc = T.power("cpu")
+    watts_by["cpu"] = pc.idle_w + pc.busy_w * busy["cpu"] * C
+    sources.add(pc.source)
+    for dev in gpu_time:
+        pg = T.power(dev)
+        watts_by[dev] = pg.idle_w + (pg.busy_w - pg.idle_w) * busy[dev]
+        sources.add(pg.source)
+    watts = sum(watts_by.values())
+    src = "estimated" if sources == {"estimated"} else ("partly estimated" if "estimated" in sources else "measured")
+    times = {"act_per_step": a, "insert_per_step": i, "sample": s, "learn": l, "update_priorities": u,
+             "param_sync": y, "transfer_per_grad": x_batch / kg, "main_per_grad": g, "main_per_step": m,
+             "main_cpu_per_step": mc, "insert_chunk": float(n), "group": float(kg), "cores_effective": c_eff}
+    return Prediction(plan, X, X * rr * B, X * rr, bound, limits, busy, roles, times, watts,
+                      X / watts if watts > 0 else 0.0, src, watts_by)
+
+
+def bottleneck_words(pred: Prediction, cores: float) -> str:
+    """The binding limit, in words, with what would (not) help."""
+    p, t = pred.plan, pred.times
+    main = t["main_per_grad"] or 1.0
+    share = lambda key: 100.0 * t[key] / main  # noqa: E731
+    parts = f"learn {share('learn'):.0f}%, sample {share('sample'):.0f}%"
+    if t["update_priorities"]:
+        parts += f", priorities {share('update_priorities'):.0f}%"
+    if t["transfer_per_grad"] > 0.2 * main:
+        parts += f"; transfers {share('transfer_per_grad'):.0f}% of it: keep the data storage on the learner's device"
+    if pred.bound == "learner":
+        return (f"learner-bound: the learner process does {pred.gradient_steps_per_s:,.0f} gradient steps/s "
+                f"({parts}); more actors would not help, a faster learner (device, threads) would")
+    if pred.bound == "actors":
+        more = "more actors" if p.actors + (p.threads if p.learner_device == "cpu" else 1) < cores else \
+            "more envs per actor (cores are all taken)"
+        return (f"actor-bound: {p.actors} actor(s) x {p.envs_per_actor} envs step at most "
+                f"{pred.limits['actors']:,.0f} env steps/s; {more} would help")
+    if pred.bound == "lockstep":
+        return (f"lockstep-bound: actors and learner take turns (overlap=false), {pred.env_steps_per_s:,.0f} "
+                "env steps/s; overlap=true would let acting and learning run at once")
+    if pred.bound == "cpu":
+        runnable = p.actors + (p.threads if p.learner_device == "cpu" else 1)
+        lost = 1 - t["cores_effective"] / cores
+        over = f", {runnable} busy threads cost {100 * lost:.0f}% of them in switching" if lost > 0.005 else ""
+        return (f"CPU-bound: actors, learner and replay use all {cores:g} cores{over}; more processes would "
+                "not help, a faster learner device or cheaper envs would")
+    # inline
+    tot = t["act_per_step"] + t["main_per_step"]
+    acting = 100.0 * t["act_per_step"] / tot
+    what = pred.bound.split("-", 1)[1]
+    kind = {"acting": "actor-bound", "learning": "learner-bound", "replay": "replay-bound",
+            "transfers": "transfer-bound"}[what]
+    return (f"{kind} (inline: one process alternates; acting {acting:.0f}% of the time, learner + replay "
+            f"{100 - acting:.0f}%); overlapping them (schedule=local) pays only with a spare core")

@@ -1,0 +1,758 @@
+"""Profile: time each primitive of the training protocol on every device present, cache the table.
+
+What is measured (seconds per call; every figure is a :class:`~hetrl.planner.measure.Timing`
+repeated until stable, with its spread), for the run's algorithm, env and network:
+
+=================  ==============================================================================
+``env``            one step of a vector of W envs (SyncVectorEnv, random actions), per width W
+``act``            one actor vector step of width W: envs + CPU inference + n-step adder (Actor.collect)
+``infer``          policy inference (``policy.act``) for W observations, per device
+``learn``          one gradient step (``algo.learn`` on a synthetic batch of B), per device, per
+                   torch thread count (CPU), per batch size B
+``learn_grouped``  the same at the run's batch size with K gradient steps per ``learn`` call, per step
+``ds_insert``      data storage: ``Storage.insert`` of n transitions already on the device
+``ds_gather``      data storage: ``Storage.get`` of n slots (keys already on the device)
+``rm_insert``      replay manager: sum-tree update of n new slots at max priority
+``rm_sample``      replay manager: prioritized sample of n keys + importance weights
+``rm_uniform``     replay manager: uniform sample of n keys
+``rm_update``      replay manager: ``ReplayBuffer.update_priorities`` of n keys
+``param_sync``     publish the learner's weights + load them into an actor policy
+``transfer``       latency and bandwidth per ordered device pair ("cpu->cpu": in-memory copy;
+                   "cpu->cuda:0" pageable and pinned, "cuda:0->cpu", ...), and "ipc": a pipe
+                   between two processes
+``power``          per device idle/busy watts (see power.py), with their source
+=================  ==============================================================================
+
+CPU primitives are timed in CPU time of the process (what they cost, not how long they waited
+for a core that another program held); a learner of t threads as its CPU time / t (its threads
+work together; idle ones sleep: OMP_WAIT_POLICY=PASSIVE). GPU work and the pipe between
+processes are timed in wall time.
+
+The table is cached as JSON, one file per machine (hostname, CPU model, cores, torch version,
+GPU names) and per (algorithm, env, network) in :func:`cache_dir`; it is re-used while it
+covers the sizes the run needs, re-measured with ``refresh=True`` (``hetrl profile --refresh``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from hetrl.errors import UsageError
+from hetrl.planner.measure import Timing, measure
+
+FORMAT = "hetrl-profile/3"
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
+QUICK_WIDTHS = (1, 2)
+
+
+# --- where the table lives -------------------------------------------------------------------
+def cache_dir() -> Path:
+    """$HETRL_CACHE_DIR, else $XDG_CACHE_HOME/hetrl, else ~/.cache/hetrl."""
+    if os.environ.get("HETRL_CACHE_DIR"):
+        return Path(os.environ["HETRL_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hetrl"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cores": os.cpu_count() or 1,
+            "torch": torch.__version__, "gpus": gpus}
+
+
+def machine_id(machine: dict) -> str:
+    return hashlib.sha1(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def present_devices() -> list[str]:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu"] + [f"cuda:{i}" for i in range(n)]
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", s).strip("_")
+
+
+def network_key(cfg) -> str:
+    key = "x".join(str(h) for h in cfg.net_arch)
+    if cfg.algo == "dqn":
+        key += "-dueling" if cfg.dueling else ""
+        key += "-double" if cfg.double else ""
+    return key
+
+
+def cache_path(cfg, machine: dict | None = None) -> Path:
+    machine = machine or machine_info()
+    return cache_dir() / f"profile-{cfg.algo}-{_slug(cfg.env)}-{network_key(cfg)}-{machine_id(machine)}.json"
+
+
+# --- sizes to measure ------------------------------------------------------------------------
+def grads_per_phase(cfg) -> int:
+    """Gradient steps the inline schedule groups into one sample/learn call (uniform replay)."""
+    return max(1, cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq)
+
+
+def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
+    """The sizes a plan for ``cfg`` needs. ``quick``: a tiny grid (tests)."""
+    cores = cores or os.cpu_count() or 1
+    B = cfg.batch_size
+    widths = sorted(set(QUICK_WIDTHS if quick else DEFAULT_WIDTHS) | ({cfg.num_envs} if not quick else set()))
+    threads = sorted({1} | ({t for t in (2, 4, 8, 16, 32, 64) if t <= cores} | {cores} if not quick else set()))
+    batches = [B] if quick else sorted({max(1, B // 2), B, 2 * B})
+    g = grads_per_phase(cfg)
+    k_group = max(1, min(g, 32, 65536 // B))
+    samples = sorted(set(batches) | {min(g * B, 65536), min(g, 32) * B})  # inline / local groups
+    inserts = sorted({1, 16, 256} | ({cfg.train_freq} if cfg.train_freq <= 4096 else set()))
+    if quick:
+        inserts = sorted({16, min(cfg.train_freq, 256)})
+    return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
+            "inserts": inserts, "k_group": k_group}
+
+
+def _covers(have: dict, need: dict) -> bool:
+    for k, v in need.items():
+        h = have.get(k)
+        if isinstance(v, list):
+            if not isinstance(h, list) or not set(v) <= set(h):
+                return False
+        elif h != v:
+            return False
+    return True
+
+
+# --- the table -------------------------------------------------------------------------------
+def _interp(points: dict, x: float) -> float:
+    """Piecewise-linear in x through the measured points, affine extrapolation outside
+    (slope >= 0; never below 0). A call on more items is never cheaper: the points are made
+    non-decreasing first (a running max), which irons out measurement noise."""
+    if not points:
+        raise KeyError("no measurements")
+    xs = sorted(points)
+    ys = []
+    for k in xs:
+        ys.append(max(points[k], ys[-1]) if ys else points[k])
+    if x in points:
+        return ys[xs.index(x)]
+    if len(xs) == 1:
+        return ys[0]
+    i = bisect.bisect_left(xs, x)
+    if i == 0:
+        lo, hi = 0, 1
+    elif i >= len(xs):
+        lo, hi = len(xs) - 2, len(xs) - 1
+    else:
+        lo, hi = i - 1, i
+    slope = max(0.0, (ys[hi] - ys[lo]) / (xs[hi] - xs[lo]))
+    return max(0.0, ys[lo] + slope * (x - xs[lo])) if i else max(0.0, ys[0] - slope * (xs[0] - x))
+
+
+class ProfileTable:
+    """The profiled figures with the accessors the model uses (all in seconds).
+
+    ``data`` is the JSON document (see docs/planner.md); sizes are string keys there."""
+
+    def __init__(self, data: dict, path: Path | None = None, from_cache: bool = False):
+        self.data, self.path, self.from_cache = data, path, from_cache
+
+    # -- identity
+    @property
+    def devices(self) -> list[str]:
+        return list(self.data["devices"])
+
+    @property
+    def cores(self) -> int:
+        return int(self.data["machine"]["cores"])
+
+    @property
+    def widths(self) -> list[int]:
+        return sorted(int(w) for w in self.data["env"])
+
+    @property
+    def key(self) -> dict:
+        return self.data["key"]
+
+    @property
+    def bytes_per_transition(self) -> int:
+        return int(self.data["key"]["bytes_per_transition"])
+
+    def _pts(self, section: str, *path: str) -> dict[int, float]:
+        node = self.data[section]
+        for p in path:
+            node = node[p]
+        return {int(k): Timing.from_json(v).s for k, v in node.items()}
+
+    def has(self, section: str, device: str) -> bool:
+        return device in self.data.get(section, {})
+
+    # -- primitives
+    def env(self, w: int) -> float:
+        return _interp(self._pts("env"), w)
+
+    def infer(self, device: str, w: int) -> float:
+        return _interp(self._pts("infer", device), w)
+
+    def act(self, w: int, infer_device: str = "cpu") -> float:
+        """One actor vector step of width w with inference on ``infer_device``."""
+        if "act" in self.data and self.data["act"]:
+            base = _interp(self._pts("act"), w) - self.infer("cpu", w)
+        else:
+            base = self.env(w)
+        return max(self.env(w), base) + self.infer(infer_device, w)
+
+    def learner_threads(self, device: str) -> list[int]:
+        return sorted(int(t) for t in self.data["learn"][device])
+
+    def learn(self, device: str, batch: int, threads: int = 1) -> float:
+        ts = self.learner_threads(device)
+        t = max([x for x in ts if x <= threads] or [ts[0]])
+        return _interp(self._pts("learn", device, str(t)), batch)
+
+    def learn_grouped_factor(self, device: str) -> float:
+        """Per-step time of K grouped gradient steps / one step, at the run's batch size."""
+        g = self.data.get("learn_grouped", {}).get(device)
+        if not g:
+            return 1.0
+        single = self.learn(device, int(g["batch"]), int(g.get("threads", 1)))
+        return min(1.0, Timing.from_json(g["timing"]).s / single) if single > 0 else 1.0
+
+    def op(self, section: str, device: str, n: int) -> float:
+        return _interp(self._pts(section, device), n)
+
+    def param_sync(self, device: str) -> float:
+        v = self.data.get("param_sync", {}).get(device)
+        return Timing.from_json(v).s if v is not None else 0.0
+
+    def link(self, key: str) -> dict | None:
+        return self.data.get("transfer", {}).get(key)
+
+    def xfer(self, src: str, dst: str, nbytes: float, pinned: bool = False) -> float:
+        """Seconds to move nbytes from src to dst: latency + bytes / bandwidth (0 on the same
+        device; via the host when the pair was not profiled)."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        link = self.link(f"{src}->{dst}")
+        if link is None:
+            if src != "cpu" and dst != "cpu":
+                return self.xfer(src, "cpu", nbytes, pinned) + self.xfer("cpu", dst, nbytes, pinned)
+            raise KeyError(f"transfer {src}->{dst} not in the profile")
+        if pinned and "pinned" in link:
+            link = link["pinned"]
+        return float(link["latency_s"]) + nbytes / float(link["bandwidth_Bps"])
+
+    def ipc(self, nbytes: float) -> float:
+        """One message of nbytes between two processes (pipe); falls back to a host copy."""
+        link = self.link("ipc") or self.link("cpu->cpu")
+        if link is None:
+            return 0.0
+        return float(link["latency_s"]) + nbytes / float(link["bandwidth_Bps"])
+
+    def power(self, device: str):
+        from hetrl.planner.power import DevicePower, estimate_cpu_power, estimate_gpu_power
+
+        entry = self.data.get("power", {}).get(device)
+        if entry:
+            return DevicePower.from_json(entry)
+        if device == "cpu":
+            return estimate_cpu_power(self.data["machine"].get("cpu_model", ""), self.cores)
+        gpus = self.data["machine"].get("gpus", [])
+        i = int(device.split(":")[1]) if ":" in device else 0
+        return estimate_gpu_power(gpus[i] if i < len(gpus) else device)
+
+    def device_name(self, device: str) -> str:
+        if device == "cpu":
+            return self.data["machine"].get("cpu_model", "cpu")
+        gpus = self.data["machine"].get("gpus", [])
+        i = int(device.split(":")[1]) if ":" in device else 0
+        return gpus[i] if i < len(gpus) else device
+
+    # -- persistence
+    def to_json(self) -> dict:
+        return self.data
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=False))
+        os.replace(tmp, path)
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "ProfileTable":
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} table")
+        return cls(data, Path(path), from_cache=True)
+
+    def summary_rows(self) -> list[tuple[str, str, str, str, str]]:
+        """(primitive, device, size, median, spread) rows for display."""
+        rows = []
+
+        def add(name, dev, size, t):
+            t = Timing.from_json(t)
+            rows.append((name, dev, str(size), _fmt_s(t.s), f"{100 * t.spread:.1f}%" + ("" if t.stable else " (cap)")))
+
+        for w, t in self.data.get("env", {}).items():
+            add("env step (vector)", "cpu", f"W={w}", t)
+        for w, t in self.data.get("act", {}).items():
+            add("actor step (vector)", "cpu", f"W={w}", t)
+        for sec, label in (("infer", "inference"), ("ds_insert", "DS insert"), ("ds_gather", "DS gather"),
+                           ("rm_insert", "RM insert"), ("rm_sample", "RM sample (prio)"),
+                           ("rm_uniform", "RM sample (uniform)"), ("rm_update", "RM priority update")):
+            for dev, pts in self.data.get(sec, {}).items():
+                for n, t in pts.items():
+                    add(label, dev, f"n={n}", t)
+        for dev, by_t in self.data.get("learn", {}).items():
+            for th, pts in by_t.items():
+                for b, t in pts.items():
+                    add("learner update", dev, f"B={b} threads={th}", t)
+        for dev, g in self.data.get("learn_grouped", {}).items():
+            add("learner update, grouped", dev, f"B={g['batch']} K={g['k']}", g["timing"])
+        for dev, t in self.data.get("param_sync", {}).items():
+            add("param publish+load", dev, "", t)
+        for key, link in self.data.get("transfer", {}).items():
+            for kind, lk in [("", link)] + ([(" pinned", link["pinned"])] if "pinned" in link else []):
+                rows.append((f"transfer{kind}", key, "latency", _fmt_s(lk["latency_s"]),
+                             f"{100 * lk.get('spread', 0):.1f}%"))
+                rows.append((f"transfer{kind}", key, "bandwidth", f"{lk['bandwidth_Bps'] / 1e9:.2f} GB/s", ""))
+        return rows
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+# --- measuring -------------------------------------------------------------------------------
+class _Budget:
+    """Shares a total time budget among the primitives still to measure."""
+
+    def __init__(self, total_s: float, count: int, cap_s: float, floor_s: float = 0.1):
+        self.deadline = time.perf_counter() + total_s
+        self.left, self.cap_s, self.floor_s = max(1, count), cap_s, floor_s
+
+    def cap(self) -> float:
+        remaining = self.deadline - time.perf_counter()
+        cap = max(self.floor_s, min(self.cap_s, remaining / self.left))
+        self.left = max(1, self.left - 1)
+        return cap
+
+
+def _echo(conn) -> None:  # child side of the ipc measurement
+    try:
+        while True:
+            msg = conn.recv_bytes()
+            if not msg:
+                break
+            conn.send_bytes(b"k")
+    except (EOFError, OSError):
+        pass
+
+
+def _measure_ipc(cap: float, tol: float) -> dict | None:
+    import multiprocessing as mp
+
+    try:
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        a, b = ctx.Pipe()
+        proc = ctx.Process(target=_echo, args=(b,), daemon=True)
+        proc.start()
+    except (OSError, ValueError):
+        return None
+    try:
+        small, big = b"x" * 64, b"x" * (1 << 20)
+
+        def rtt(msg):
+            def f():
+                a.send_bytes(msg)
+                a.recv_bytes()
+            return f
+
+        t_small = measure(rtt(small), cap_s=cap / 2, tol=tol)
+        t_big = measure(rtt(big), cap_s=cap / 2, tol=tol)
+        lat = t_small.s / 2
+        bw = len(big) / max(1e-9, t_big.s - t_small.s)
+        return {"latency_s": lat, "bandwidth_Bps": bw, "spread": max(t_small.spread, t_big.spread)}
+    finally:
+        try:
+            a.send_bytes(b"")
+        except OSError:
+            pass
+        proc.join(timeout=2)
+        if proc.is_alive():
+            proc.terminate()
+
+
+def _link(copy_small: Callable, copy_big: Callable, big_bytes: int, cap: float, tol: float, sync=None,
+          clock: Callable[[], float] = time.perf_counter) -> dict:
+    t_small = measure(copy_small, cap_s=cap / 2, tol=tol, sync=sync, clock=clock)
+    t_big = measure(copy_big, cap_s=cap / 2, tol=tol, sync=sync, clock=clock)
+    return {"latency_s": t_small.s, "bandwidth_Bps": big_bytes / max(1e-9, t_big.s - t_small.s),
+            "spread": max(t_small.spread, t_big.spread)}
+
+
+def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
+                cap_s: float = 2.0, tol: float = 0.05, progress: Callable[[str], None] | None = None,
+                measure_power: bool = True, ipc: bool = True) -> ProfileTable:
+    """Measure every primitive for ``cfg`` (algo, env, network, batch sizes) on ``devices``
+    (default: every device present). ``budget_s`` bounds the whole profile: each primitive
+    gets at most ``cap_s`` and an equal share of what is left."""
+    import numpy as np
+    import torch
+
+    from hetrl.actors import Actor, probe_spaces
+    from hetrl.actors.envs import make_vector_env
+    from hetrl.algos import make_algorithm, replay_spec
+    from hetrl.planner.power import device_power
+    from hetrl.replay import ReplayBuffer
+    from hetrl.replay.storage import torch_dtype
+    from hetrl.runtime.params import ParameterStore
+
+    say = progress or (lambda msg: None)
+    t_start = time.perf_counter()
+    machine = machine_info()
+    devices = devices or present_devices()
+    for d in devices:
+        if d != "cpu" and not (torch.cuda.is_available() and d.startswith("cuda")):
+            raise UsageError(f"cannot profile device {d}: CUDA is not available here; profile cpu only")
+    grid = grid_for(cfg, quick, machine["cores"])
+    if quick:
+        budget_s, cap_s = min(budget_s, 5.0), min(cap_s, 0.2)
+        mkw_quick = {"min_rounds": 4, "window": 3, "min_round_s": 0.003}
+    else:
+        mkw_quick = {}
+    obs_space, act_space = probe_spaces(cfg.env)
+    spec = replay_spec(obs_space, act_space)
+    bpt = int(sum(int(np.prod(s)) * np.dtype(dt).itemsize for s, dt in spec.values()))
+    W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
+    n_gpu = sum(d != "cpu" for d in devices)
+    count = (2 * len(W) + len(W) * len(devices) + len(Bs) * (len(T) + n_gpu) + len(devices) * 2
+             + len(devices) * (len(I) + len(S)) + (3 * len(S) + len(I)) + 2 * (1 + 3 * n_gpu) + 2)
+    budget = _Budget(budget_s, count, cap_s)
+    old_threads = torch.get_num_threads()
+    old_denormal = torch.set_flush_denormal(True)
+    mkw = {"tol": tol, **mkw_quick}
+    cpu = {**mkw, "clock": time.process_time}   # single-threaded CPU work: CPU time (see measure.py)
+
+    def kw_of(dev: str) -> dict:
+        return cpu if dev == "cpu" else mkw
+    data: dict[str, Any] = {
+        "format": FORMAT, "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine, "machine_id": machine_id(machine), "devices": devices,
+        "key": {"algo": cfg.algo, "env": cfg.env, "network": network_key(cfg), "net_arch": list(cfg.net_arch),
+                "obs_shape": list(obs_space.shape),
+                "action": (f"discrete({act_space.n})" if hasattr(act_space, "n") else f"box{list(act_space.shape)}"),
+                "bytes_per_transition": bpt, "batch_size": cfg.batch_size},
+        "grid": grid, "settings": {"tol": tol, "cap_s": cap_s, "budget_s": budget_s},
+        "env": {}, "act": {}, "infer": {}, "learn": {}, "learn_grouped": {}, "ds_insert": {}, "ds_gather": {},
+        "rm_insert": {}, "rm_sample": {}, "rm_uniform": {}, "rm_update": {}, "param_sync": {}, "transfer": {},
+        "power": {},
+    }
+    rng = np.random.default_rng(0)
+
+    def sync_of(dev):
+        return (lambda: torch.cuda.synchronize(dev)) if dev.startswith("cuda") else None
+
+    try:
+        torch.set_num_threads(1)  # actors run one torch thread each
+        base = type(cfg)(**{**cfg.to_dict()})
+        algo_cpu = make_algorithm(base, obs_space, act_space, "cpu")
+        explore = (lambda steps: 0.1)
+        # -- envs and actors
+        for w in W:
+            say(f"env step, {w} env(s)")
+            venv = make_vector_env(cfg.env, w, 0)
+            acts = [venv.action_space.sample() for _ in range(64)]
+            it = iter(range(1 << 62))
+            data["env"][str(w)] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu).to_json()
+            venv.close()
+            say(f"actor step (env + inference + n-step), {w} env(s)")
+            actor = Actor(cfg.env, w, 0, algo_cpu.make_policy(seed=1), cfg.n_step, cfg.gamma)
+
+            def step_actor(actor=actor, w=w):
+                actor.collect(w, explore)
+                actor.episodes.clear()
+            data["act"][str(w)] = measure(step_actor, cap_s=budget.cap(), **cpu).to_json()
+            actor.close()
+        # -- inference
+        for dev in devices:
+            data["infer"][dev] = {}
+            policy = algo_cpu.make_policy(seed=1, device=dev)
+            for w in W:
+                say(f"inference on {dev}, batch {w}")
+                obs = rng.standard_normal((w, *obs_space.shape)).astype(np.float32)
+                data["infer"][dev][str(w)] = measure(lambda: policy.act(obs, 0.1), cap_s=budget.cap(),
+                                                     sync=sync_of(dev), **kw_of(dev)).to_json()
+
+        # -- learner
+        def synth(B: int, K: int, dev: str) -> tuple[dict, torch.Tensor]:
+            out = {}
+            for name, (shape, dt) in spec.items():
+                full = (K, B, *shape)
+                if name in ("obs", "next_obs", "reward"):
+                    v = torch.randn(full)
+                elif name == "action":
+                    v = (torch.randint(0, int(act_space.n), full) if hasattr(act_space, "n")
+                         else torch.rand(full) * 2 - 1)
+                elif name == "terminated":
+                    v = torch.rand(full) < 0.02
+                elif name == "truncated":
+                    v = torch.zeros(full, dtype=torch.bool)
+                else:
+                    v = torch.ones(full, dtype=torch_dtype(dt))
+                out[name] = v.to(dev, torch_dtype(dt))
+            return out, torch.ones(K, B, device=dev)
+
+        for dev in devices:
+            data["learn"][dev] = {}
+            for th in (T if dev == "cpu" else [1]):
+                torch.set_num_threads(th)
+                data["learn"][dev][str(th)] = {}
+                for B in Bs:
+                    say(f"learner update on {dev}, batch {B}, {th} thread(s)")
+                    c = type(cfg)(**{**cfg.to_dict(), "batch_size": B})
+                    algo = make_algorithm(c, obs_space, act_space, dev)
+                    batch, wts = synth(B, 1, dev)
+                    t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
+                    if dev == "cpu":  # CPU time of all its threads: per thread = the wall time on idle cores
+                        t.s /= th
+                    data["learn"][dev][str(th)][str(B)] = t.to_json()
+            torch.set_num_threads(1)
+            K, B = grid["k_group"], cfg.batch_size
+            say(f"learner update on {dev}, batch {B}, {K} grouped steps")
+            algo = make_algorithm(cfg, obs_space, act_space, dev)
+            batch, wts = synth(B, K, dev)
+            t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
+            t.s /= K
+            data["learn_grouped"][dev] = {"batch": B, "k": K, "threads": 1, "timing": t.to_json()}
+            say(f"parameter publish + load from {dev}")
+            store, pol = ParameterStore(), algo.make_policy(seed=1)
+
+            def sync_params(store=store, pol=pol, algo=algo):
+                store.publish(algo.policy_state())
+                pol.load(store.latest(-1)[0])
+            data["param_sync"][dev] = measure(sync_params, cap_s=budget.cap(), sync=sync_of(dev),
+                                              **kw_of(dev)).to_json()
+
+        # -- data storage (per device) and replay manager (sum tree: CPU)
+        capacity = int(min(cfg.buffer_size, 1_000_000))
+
+        def host_batch(n: int) -> dict:
+            out = {}
+            for name, (shape, dt) in spec.items():
+                if np.dtype(dt) == np.bool_:
+                    out[name] = rng.random((n, *shape)) < 0.02
+                else:
+                    out[name] = rng.standard_normal((n, *shape)).astype(dt) if np.dtype(dt).kind == "f" \
+                        else rng.integers(0, 2, (n, *shape)).astype(dt)
+            return out
+
+        for dev in devices:
+            rb = ReplayBuffer(capacity, spec, dev, prioritized=False, seed=0)
+            for s in range(0, capacity, 65536):
+                rb.insert(host_batch(min(65536, capacity - s)))
+            data["ds_insert"][dev], data["ds_gather"][dev] = {}, {}
+            for n in I:
+                say(f"data storage insert on {dev}, {n} transitions")
+                b = host_batch(n)
+                if dev != "cpu":
+                    b = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in b.items()}
+                data["ds_insert"][dev][str(n)] = measure(lambda: rb.storage.insert(b), cap_s=budget.cap(),
+                                                         sync=sync_of(dev), **kw_of(dev)).to_json()
+            for n in S:
+                say(f"data storage gather on {dev}, {n} transitions")
+                keys = rng.integers(0, capacity, n)
+                if dev != "cpu":
+                    keys = torch.from_numpy(keys).to(dev)
+                data["ds_gather"][dev][str(n)] = measure(lambda: rb.storage.get(keys), cap_s=budget.cap(),
+                                                         sync=sync_of(dev), **kw_of(dev)).to_json()
+            del rb
+        rbp = ReplayBuffer(capacity, {"reward": ((), "float32")}, "cpu", prioritized=True, seed=0)
+        rbp.storage.size = capacity
+        rbp.tree.update(np.arange(capacity), rng.random(capacity) + 0.01)
+        tree = rbp.tree
+        for sec in ("rm_insert", "rm_sample", "rm_uniform", "rm_update"):
+            data[sec]["cpu"] = {}
+        for n in I:
+            say(f"replay manager insert (sum tree), {n} transitions")
+            keys = rng.integers(0, capacity, n)
+            data["rm_insert"]["cpu"][str(n)] = measure(
+                lambda: tree.update(keys, np.full(n, rbp.max_priority ** rbp.alpha)), cap_s=budget.cap(), **cpu).to_json()
+
+        def prio_sample(n):
+            keys = tree.sample(n, rbp.rng)
+            w = (capacity * (tree.get(keys) / tree.total)) ** (-rbp.beta)
+            w /= w.max()
+            return keys, torch.from_numpy(w.astype(np.float32))
+
+        for n in S:
+            say(f"replay manager sample / update, {n} keys")
+            data["rm_sample"]["cpu"][str(n)] = measure(lambda: prio_sample(n), cap_s=budget.cap(), **cpu).to_json()
+            data["rm_uniform"]["cpu"][str(n)] = measure(
+                lambda: (rbp.rng.integers(0, capacity, size=n, dtype=np.int64), torch.ones(n)),
+                cap_s=budget.cap(), **cpu).to_json()
+            keys = rng.integers(0, capacity, n)
+            td = torch.rand(n)
+            data["rm_update"]["cpu"][str(n)] = measure(lambda: rbp.update_priorities(keys, td), cap_s=budget.cap(),
+                                                       **cpu).to_json()
+        # -- transfers
+        big = 8 << 20
+        say("transfer cpu->cpu (in-memory copy)")
+        src_s, dst_s = np.ones(64, np.uint8), np.empty(64, np.uint8)
+        src_b, dst_b = np.ones(big, np.uint8), np.empty(big, np.uint8)
+        data["transfer"]["cpu->cpu"] = _link(lambda: np.copyto(dst_s, src_s), lambda: np.copyto(dst_b, src_b),
+                                             big, budget.cap() + budget.cap(), tol, clock=time.process_time)
+        if ipc:
+            say("transfer between processes (pipe)")
+            link = _measure_ipc(budget.cap() + budget.cap(), tol)
+            if link:
+                data["transfer"]["ipc"] = link
+        gpus = [d for d in devices if d != "cpu"]
+        for g in gpus:
+            def sync():
+                for d in gpus:
+                    torch.cuda.synchronize(d)
+            hs, hb = torch.ones(16, dtype=torch.float32), torch.ones(big // 4, dtype=torch.float32)
+            ps, pb = hs.pin_memory(), hb.pin_memory()
+            say(f"transfer cpu<->{g}")
+            link = _link(lambda: hs.to(g), lambda: hb.to(g), big, budget.cap() + budget.cap(), tol, sync)
+            link["pinned"] = _link(lambda: ps.to(g, non_blocking=True), lambda: pb.to(g, non_blocking=True), big,
+                                   budget.cap() + budget.cap(), tol, sync)
+            data["transfer"][f"cpu->{g}"] = link
+            ds, db = hs.to(g), hb.to(g)
+            data["transfer"][f"{g}->cpu"] = _link(lambda: ds.cpu(), lambda: db.cpu(), big,
+                                                  budget.cap() + budget.cap(), tol, sync)
+            for h in gpus:
+                if h != g:
+                    data["transfer"][f"{g}->{h}"] = _link(lambda: ds.to(h), lambda: db.to(h), big,
+                                                          budget.cap() + budget.cap(), tol, sync)
+        # -- power
+        say("device power (RAPL / NVML, else estimated)")
+        power = device_power(devices, machine, seconds=0.3) if measure_power else \
+            device_power(devices, machine, rapl=_NoRapl())
+        data["power"] = {d: p.to_json() for d, p in power.items()}
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.set_flush_denormal(old_denormal)
+    data["profile_s"] = round(time.perf_counter() - t_start, 2)
+    return ProfileTable(data)
+
+
+class _NoRapl:
+    available = False
+    domains: list = []
+
+
+def load_or_profile(cfg, refresh: bool = False, quick: bool = False, progress: Callable[[str], None] | None = None,
+                    **kwargs) -> ProfileTable:
+    """The cached table for ``cfg`` on this machine, measuring (and caching) it first when it
+    is missing, unreadable, does not cover the sizes ``cfg`` needs, or ``refresh`` is set."""
+    machine = machine_info()
+    path = cache_path(cfg, machine)
+    need = grid_for(cfg, quick, machine["cores"])
+    if path.exists() and not refresh:
+        try:
+            table = ProfileTable.load(path)
+            if table.data.get("machine") == machine and _covers(table.data.get("grid", {}), need) \
+                    and table.data["key"].get("network") == network_key(cfg):
+                return table
+            if progress:
+                progress(f"cached profile {path} does not cover this run's sizes; re-measuring")
+        except (ValueError, KeyError, OSError) as e:
+            if progress:
+                progress(f"cached profile {path} is unreadable ({e}); re-measuring")
+    table = run_profile(cfg, quick=quick, progress=progress, **kwargs)
+    table.save(path)
+    return table
+
+
+# --- synthetic tables (tests, what-if questions) -----------------------------------------------
+def synthetic_table(*, algo: str = "dqn", env: str = "Synthetic-v0", cores: int = 2, gpus: tuple[str, ...] = (),
+                    widths: tuple[int, ...] = DEFAULT_WIDTHS, env_step_s: float = 50e-6,
+                    act_overhead_s: float = 30e-6, infer_s: dict | None = None,
+                    learn_s: dict | None = None, batch_size: int = 64, rm_s: float = 10e-6,
+                    ds_s: dict | None = None, transfer: dict | None = None, power: dict | None = None,
+                    bytes_per_transition: int = 64, param_sync_s: float = 0.0) -> ProfileTable:
+    """A profile table from a few numbers, for tests and what-if questions.
+
+    * env: a vector step of width w costs ``w * env_step_s``; the actor adds ``act_overhead_s``.
+    * infer_s: {device: (fixed_s, per_item_s)} (default cpu (40 us, 1 us)).
+    * learn_s: {device: seconds per gradient step at ``batch_size``} or {device: {threads: s}};
+      the time scales as 0.5 + 0.5 * B / batch_size.
+    * rm_s: seconds per replay-manager call (+ 20 ns per item); ds_s: {device: seconds per call}.
+    * transfer: {"cpu->cuda:0": (latency_s, bandwidth_Bps), ...}.
+    * power: {device: {"idle_w", "busy_w", "source"}} (default: estimated table entries).
+    """
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(len(gpus))]
+    infer_s = infer_s or {"cpu": (40e-6, 1e-6)}
+    learn_s = learn_s or {"cpu": 1e-3}
+    ds_s = ds_s or {d: 5e-6 for d in devices}
+    batches = [max(1, batch_size // 2), batch_size, 2 * batch_size]
+    samples = batches + [batch_size * 32]
+    inserts = [1, 16, 256]
+
+    def affine(fixed, per, sizes):
+        return {str(n): fixed + per * n for n in sizes}
+
+    learn: dict = {}
+    for d, v in learn_s.items():
+        by_t = v if isinstance(v, dict) else {1: v}
+        learn[d] = {str(t): {str(b): s * (0.5 + 0.5 * b / batch_size) for b in batches} for t, s in by_t.items()}
+    data = {
+        "format": FORMAT, "created": "synthetic",
+        "machine": {"hostname": "synthetic", "cpu_model": "synthetic", "cores": cores, "torch": "-",
+                    "gpus": list(gpus)},
+        "machine_id": "synthetic", "devices": devices,
+        "key": {"algo": algo, "env": env, "network": "synthetic", "net_arch": [], "obs_shape": [],
+                "action": "", "bytes_per_transition": bytes_per_transition, "batch_size": batch_size},
+        "grid": {"widths": list(widths), "batches": batches, "samples": samples, "inserts": inserts},
+        "env": {str(w): w * env_step_s for w in widths},
+        "act": {str(w): w * env_step_s + act_overhead_s + infer_s.get("cpu", (40e-6, 1e-6))[0]
+                + infer_s.get("cpu", (40e-6, 1e-6))[1] * w for w in widths},
+        "infer": {d: affine(f, p, widths) for d, (f, p) in infer_s.items()},
+        "learn": learn, "learn_grouped": {},
+        "ds_insert": {d: affine(s, 2e-9 * bytes_per_transition, inserts) for d, s in ds_s.items()},
+        "ds_gather": {d: affine(s, 2e-9 * bytes_per_transition, samples) for d, s in ds_s.items()},
+        "rm_insert": {"cpu": affine(rm_s, 20e-9, inserts)},
+        "rm_sample": {"cpu": affine(rm_s, 20e-9, samples)},
+        "rm_uniform": {"cpu": affine(rm_s / 2, 5e-9, samples)},
+        "rm_update": {"cpu": affine(rm_s, 20e-9, samples)},
+        "param_sync": {d: param_sync_s for d in devices},
+        "transfer": {"cpu->cpu": {"latency_s": 1e-6, "bandwidth_Bps": 5e9},
+                     "ipc": {"latency_s": 20e-6, "bandwidth_Bps": 2e9}},
+        "power": power or {},
+    }
+    for key, (lat, bw) in (transfer or {}).items():
+        data["transfer"][key] = {"latency_s": lat, "bandwidth_Bps": bw}
+    for g in devices[1:]:  # defaults for GPU links not given
+        data["transfer"].setdefault(f"cpu->{g}", {"latency_s": 10e-6, "bandwidth_Bps": 10e9})
+        data["transfer"].setdefault(f"{g}->cpu", {"latency_s": 10e-6, "bandwidth_Bps": 10e9})
+    return ProfileTable(data)

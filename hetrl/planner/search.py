@@ -1,0 +1,332 @@
+"""Search: enumerate candidate plans around the user's pins, predict each, pick the best.
+
+Candidates: schedules x actors (1 for inline; 1 .. 2 x cores for local) x envs per actor (the
+profiled widths) x learner / storage / replay / inference device (each device the profile
+measured for that role; identical GPUs count once) x learner threads (the profiled counts,
+CPU learner only). ``placement="runnable"`` keeps only what this build's Config can run (one
+``device`` for learner and data storage, replay manager and actor inference on the CPU,
+schedules that Config accepts); ``"all"`` explores every placement the model can price.
+
+Objectives: ``"throughput"`` maximises env steps/s at the run's replay ratio; ``"efficiency"``
+maximises env steps per joule. Plans within ``TIE`` of the best on the objective are ranked
+by the other figure (so a plan that is as fast with fewer watts wins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from hetrl.errors import UsageError
+from hetrl.planner.model import SCHEDULES, Plan, Prediction, Workload, bottleneck_words, predict
+from hetrl.planner.profile import ProfileTable
+
+OBJECTIVES = ("throughput", "efficiency")
+TIE = 0.02
+MAX_ACTORS = 64          # hetrl.config.validate's limit on actor processes
+SCHEMA = "hetrl-plan/1"
+PLAN_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
+_INT_FIELDS = ("actors", "envs_per_actor", "batch_size", "threads")
+_DEVICE_FIELDS = ("learner_device", "storage_device", "replay_device", "actor_inference_device")
+
+
+def runtime_schedules() -> tuple[str, ...]:
+    """Schedules this build's Config accepts (the lead adds "local" when it lands)."""
+    try:
+        from hetrl import config
+
+        return tuple(s for s in config._CHOICES.get("schedule", ("inline",)) if s in SCHEDULES)
+    except (ImportError, AttributeError):
+        return ("inline",)
+
+
+def _config_fields() -> set[str]:
+    from hetrl.config import Config
+
+    return {f.name for f in dataclasses.fields(Config)}
+
+
+def normalize_device(value: str) -> str:
+    v = str(value).strip().lower()
+    if v in ("cuda", "gpu"):
+        return "cuda:0"
+    if v.startswith("gpu:"):
+        return "cuda:" + v[4:]
+    return v
+
+
+def parse_pins(pairs: Iterable[str] | dict | None) -> dict[str, Any]:
+    """``["actors=2", "learner_device=cpu"]`` or a dict -> typed pins; UsageError when bad."""
+    if pairs is None:
+        return {}
+    items = pairs.items() if isinstance(pairs, dict) else []
+    if not isinstance(pairs, dict):
+        parsed = []
+        for pair in pairs:
+            if "=" not in pair:
+                raise UsageError(f"--pin {pair!r} is not key=value; write e.g. --pin actors=2")
+            k, v = pair.split("=", 1)
+            parsed.append((k.strip(), v.strip()))
+        items = parsed
+    out: dict[str, Any] = {}
+    for k, v in items:
+        if k == "device":  # the Config name: learner + data storage
+            out.update(parse_pins({"learner_device": v, "storage_device": v}))
+            continue
+        if k not in PLAN_FIELDS:
+            close = difflib.get_close_matches(k, list(PLAN_FIELDS) + ["device"], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"unknown pin {k!r}; {hint}pinnable: {', '.join(PLAN_FIELDS)}")
+        if k in _INT_FIELDS:
+            try:
+                iv = int(str(v).replace("_", ""))
+            except ValueError:
+                raise UsageError(f"pin {k}={v!r} is not an integer; e.g. --pin {k}=2") from None
+            if iv < 1:
+                raise UsageError(f"pin {k}={iv} must be >= 1; e.g. --pin {k}=2")
+            out[k] = iv
+        elif k in _DEVICE_FIELDS:
+            dv = normalize_device(v)
+            if dv != "cpu" and not (dv.startswith("cuda:") and dv[5:].isdigit()):
+                raise UsageError(f"pin {k}={v!r} is not a device; use cpu, cuda or cuda:N")
+            out[k] = dv
+        else:  # schedule
+            sv = str(v).strip().lower()
+            if sv not in SCHEDULES:
+                raise UsageError(f"pin schedule={v!r} is not plannable; choose one of: {', '.join(SCHEDULES)}")
+            out[k] = sv
+    return out
+
+
+def pins_from_settings(settings: dict | None, schedule_default: str | None = None) -> dict[str, Any]:
+    """Pins from the Config settings a user set by hand (--set, --config, API keywords), so that
+    `hetrl train --plan auto` searches around them: device -> learner + storage device,
+    schedule, actors, envs_per_actor, threads (0 = auto: not a pin), and num_envs (with
+    schedule=inline: the envs of its one actor)."""
+    settings = dict(settings or {})
+    pins: dict[str, Any] = {}
+    if settings.get("device") not in (None, "auto"):
+        pins["device"] = settings["device"]
+    for key in ("schedule", "actors", "envs_per_actor", "threads"):
+        if key in settings and str(settings[key]) not in ("0", ""):
+            pins[key] = settings[key]
+    if "num_envs" in settings and settings.get("schedule", schedule_default) == "inline" \
+            and "envs_per_actor" not in pins:
+        pins["envs_per_actor"] = settings["num_envs"]
+    return parse_pins(pins)
+
+
+_ROLE_NAMES = {"learn": "learner", "ds_insert": "data storage", "rm_sample": "replay manager",
+               "rm_uniform": "replay manager", "infer": "inference"}
+
+
+def _role_devices(table: ProfileTable, section: str, pinned: str | None) -> list[str]:
+    devs = [d for d in table.devices if table.has(section, d)]
+    if pinned is not None:
+        if pinned not in devs:
+            raise UsageError(f"the profile has no {_ROLE_NAMES[section]} measurements on {pinned} (it can run on: "
+                             f"{', '.join(devs)}); pin one of those")
+        return [pinned]
+    seen, out = set(), []
+    for d in devs:  # identical GPUs are interchangeable for one learner: keep the first
+        name = table.device_name(d) if d != "cpu" else "cpu"
+        if name not in seen:
+            seen.add(name)
+            out.append(d)
+    return out
+
+
+def candidates(table: ProfileTable, work: Workload, cores: int, pins: dict | None = None,
+               schedules: Iterable[str] | None = None, placement: str = "runnable") -> list[Plan]:
+    pins = dict(pins or {})
+    fields = _config_fields()
+    runnable = placement == "runnable"
+    scheds = list(schedules) if schedules is not None else (list(runtime_schedules()) if runnable else list(SCHEDULES))
+    if "schedule" in pins:
+        scheds = [pins["schedule"]]
+    for key in _DEVICE_FIELDS:
+        if key in pins and pins[key] not in table.devices:
+            raise UsageError(f"pin {key}={pins[key]} but the profile of this machine has no {pins[key]} "
+                             f"(devices: {', '.join(table.devices)}); pin one of those or drop the pin")
+    if runnable:
+        for key, cfg_field in (("replay_device", "replay_device"), ("actor_inference_device", "actor_device")):
+            if pins.get(key, "cpu") != "cpu" and cfg_field not in fields:
+                raise UsageError(f"pin {key}={pins[key]} cannot run in this build ({key} is on the CPU); "
+                                 "drop the pin, or plan with --all-placements to see its prediction")
+        if "storage_device" not in fields and "storage_device" in pins and "learner_device" in pins \
+                and pins["storage_device"] != pins["learner_device"]:
+            raise UsageError("storage_device and learner_device differ, but this build keeps both on one "
+                             "`device`; pin them equal (or pin device=...), or plan with --all-placements")
+    learners = _role_devices(table, "learn", pins.get("learner_device"))
+    storages = _role_devices(table, "ds_insert", pins.get("storage_device"))
+    replays = _role_devices(table, "rm_sample" if work.prioritized else "rm_uniform", pins.get("replay_device"))
+    infers = _role_devices(table, "infer", pins.get("actor_inference_device"))
+    if runnable:
+        if "replay_device" not in fields:
+            replays = [d for d in replays if d == "cpu"] or replays
+        if "actor_device" not in fields:
+            infers = [d for d in infers if d == "cpu"] or infers
+    widths = [pins["envs_per_actor"]] if "envs_per_actor" in pins else table.widths
+    batch = pins.get("batch_size", work.batch_size)
+    out = []
+    for sched in scheds:
+        if sched == "inline":
+            if pins.get("actors", 1) != 1:
+                if len(scheds) == 1:
+                    raise UsageError(f"actors={pins['actors']} needs schedule=local (inline runs one actor); "
+                                     "pin schedule=local or drop the actors pin")
+                continue
+            actor_counts = [1]
+        else:
+            actor_counts = [pins["actors"]] if "actors" in pins else list(range(1, min(MAX_ACTORS, 2 * cores) + 1))
+        for L, DS, RM, INF in itertools.product(learners, storages, replays, infers):
+            if runnable and "storage_device" not in fields and DS != L:
+                continue
+            if "threads" in pins:
+                thread_counts = [pins["threads"]]
+            elif L == "cpu":
+                thread_counts = [t for t in table.learner_threads("cpu") if t <= cores] or [1]
+            else:
+                thread_counts = [1]
+            for N, w, t in itertools.product(actor_counts, widths, thread_counts):
+                out.append(Plan(sched, N, w, L, DS, RM, INF, batch, t))
+    if not out:
+        raise UsageError("no plan satisfies the pins; drop a pin")
+    return out
+
+
+def _score(pred: Prediction, objective: str) -> tuple[float, float]:
+    if objective == "throughput":
+        return pred.env_steps_per_s, pred.steps_per_joule
+    return pred.steps_per_joule, pred.env_steps_per_s
+
+
+def rank(preds: list[Prediction], objective: str) -> list[Prediction]:
+    """Best first: by the objective; among plans within TIE of the best on it, by the other figure."""
+    preds = sorted(preds, key=lambda p: _score(p, objective), reverse=True)
+    if not preds:
+        return preds
+    best = _score(preds[0], objective)[0]
+    near = [p for p in preds if _score(p, objective)[0] >= best * (1 - TIE)]
+    near.sort(key=lambda p: (_score(p, objective)[1], _score(p, objective)[0]), reverse=True)
+    return near + preds[len(near):]
+
+
+def distinct(ranked: list[Prediction], objective: str, top: int, same_within: float = 0.005) -> list[Prediction]:
+    """Runners-up worth showing: a plan is left out when one already shown has the same schedule,
+    devices and threads and (nearly) the same figure on the objective (e.g. 3 vs 4 actors of a
+    learner-bound plan)."""
+    shown = ranked[:1]
+    out = []
+    for p in ranked[1:]:
+        if len(out) >= top:
+            break
+        key = (p.plan.schedule, p.plan.learner_device, p.plan.storage_device, p.plan.replay_device,
+               p.plan.actor_inference_device, p.plan.threads)
+        v = _score(p, objective)[0]
+        if any(key == (q.plan.schedule, q.plan.learner_device, q.plan.storage_device, q.plan.replay_device,
+                       q.plan.actor_inference_device, q.plan.threads)
+               and abs(v - _score(q, objective)[0]) <= same_within * max(v, 1e-12) for q in shown):
+            continue
+        shown.append(p)
+        out.append(p)
+    return out
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    prediction: Prediction
+    runners_up: list[Prediction]
+    bottleneck: str
+    objective: str
+    cores: float
+    workload: Workload
+    pins: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    candidates: int = 0
+    profile: dict = field(default_factory=dict)
+    algo: str = ""
+    env: str = ""
+
+    # the figures named in the API
+    @property
+    def predicted_env_steps_per_s(self) -> float:
+        return self.prediction.env_steps_per_s
+
+    @property
+    def predicted_train_samples_per_s(self) -> float:
+        return self.prediction.train_samples_per_s
+
+    @property
+    def busy(self) -> dict[str, float]:
+        return self.prediction.busy
+
+    @property
+    def watts(self) -> float:
+        return self.prediction.watts
+
+    @property
+    def steps_per_joule(self) -> float:
+        return self.prediction.steps_per_joule
+
+    @property
+    def power_source(self) -> str:
+        return self.prediction.power_source
+
+    def apply(self, cfg):
+        """``cfg`` with this plan's settings (a new, validated Config)."""
+        from hetrl.config import validate
+
+        new = dataclasses.replace(cfg, **self.plan.settings())
+        validate(new)
+        return new
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA, "algo": self.algo, "env": self.env, "objective": self.objective,
+            "cores": self.cores, "replay_ratio": self.workload.replay_ratio, "prioritized": self.workload.prioritized,
+            "plan": self.plan.to_json(), "settings": self.plan.settings(),
+            "predicted": self.prediction.to_json(), "bottleneck": self.bottleneck,
+            "runners_up": [{"plan": p.plan.to_json(), "predicted": p.to_json()} for p in self.runners_up],
+            "pins": self.pins, "notes": self.notes, "candidates": self.candidates, "profile": self.profile,
+        }
+
+
+def search(table: ProfileTable, work: Workload, objective: str = "throughput", pins: dict | None = None,
+           cores: float | None = None, schedules: Iterable[str] | None = None, placement: str = "runnable",
+           top: int = 5) -> PlanResult:
+    if objective not in OBJECTIVES:
+        raise UsageError(f"objective {objective!r} is unknown; choose one of: {', '.join(OBJECTIVES)}")
+    if placement not in ("runnable", "all"):
+        raise UsageError(f"placement {placement!r} is unknown; choose runnable or all")
+    cores = float(cores or table.cores)
+    if cores <= 0:
+        raise UsageError(f"cores must be > 0, got {cores:g}")
+    whole = max(1, math.ceil(cores - 1e-9))   # for counting candidates (actors, threads)
+    pins = parse_pins(pins)
+    plans = candidates(table, work, whole, pins, schedules, placement)
+    ranked = rank([predict(p, table, work, cores) for p in plans], objective)
+    best = ranked[0]
+    notes = []
+    if placement == "runnable" and "local" not in runtime_schedules() and schedules is None and "schedule" not in pins:
+        notes.append("the local schedule (actor processes) is not in this build yet: only inline plans "
+                     "were searched (see all placements with --all-placements)")
+    if best.plan.schedule not in runtime_schedules():
+        notes.append(f"schedule {best.plan.schedule} is not accepted by this build's Config yet: predicted only")
+    if cores != table.cores:
+        notes.append(f"planned for {cores:g} cores (the profiled machine has {table.cores})")
+    if best.power_source != "measured":
+        notes.append(f"power is {best.power_source} (no RAPL/NVML reading for every device used): "
+                     "see hetrl/planner/power.py for the table")
+    return PlanResult(best.plan, best, distinct(ranked, objective, top), bottleneck_words(best, cores), objective,
+                      cores, work,
+                      pins, notes, len(plans),
+                      {"path": str(table.path) if table.path else None, "from_cache": table.from_cache,
+                       "machine_id": table.data.get("machine_id"), "created": table.data.get("created"),
+                       "profile_s": table.data.get("profile_s")},
+                      table.key.get("algo", ""), table.key.get("env", ""))
