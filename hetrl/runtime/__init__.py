@@ -1,4 +1,4 @@
-"""Schedules: realisations of the training protocol (inline now; local and ray build on it)."""
+"""Schedules: realisations of the training protocol (inline, local; ray builds on them)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ from hetrl.config import Config
 
 
 def make_schedule(cfg: Config, env: EnvSpec):
+    if cfg.schedule == "local":  # actor processes + learner process (hetrl/runtime/local.py)
+        from hetrl.runtime.local import LocalSchedule
+
+        return LocalSchedule(cfg, env)
     from hetrl.runtime.inline import InlineSchedule
 
     return InlineSchedule(cfg, env)

@@ -1,0 +1,294 @@
+"""The local schedule against the inline schedule and Stable-Baselines3, on the same presets.
+
+    python benchmarks/bench_local.py [--rounds 2] [--only throughput,t475,ddpg,sweep,ablation]
+
+Every measurement runs in a fresh subprocess; within a round the libraries run one after the
+other and the order flips every round, so all see the same machine load.  Sections:
+
+* throughput  DQN CartPole-v1, `--dqn-steps` env steps at the preset's replay ratio (128
+              gradient steps of batch 64 per 256 env steps): env steps/s and training samples/s
+              (per second of wall time) of inline, local and SB3.
+* t475        DQN CartPole-v1 to an evaluation return >= 475: every `--eval-every` env steps
+              the current policy plays 5 episodes (fixed seeds); the clock is paused meanwhile.
+              Reports the training wall time to the first evaluation >= 475 (and the time
+              including evaluations), up to `--t475-max` env steps; training seeds 0, 1, ...
+              (`--t475-seeds`), one per round.
+* ddpg        DDPG Pendulum-v1: `--ddpg-steps` env steps (warm-up `--ddpg-learning-starts`),
+              local vs inline vs SB3 env steps/s.
+* sweep       local env steps/s against the number of actors (1..4), at the preset's ratio and
+              without the rate limiter; plot in benchmarks/results/bench_local_sweep.png.
+* ablation    local with each scheduling optimisation switched off in turn, and with a
+              2-thread learner.
+
+Writes benchmarks/results/bench_local.json.  The machine is shared and noisy: compare ratios
+within a round, not absolute figures across runs.  Needs stable-baselines3 (make bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+CHILD = r"""
+import json, sys, time
+spec = json.loads(sys.argv[1])
+lib, algo, env, steps, extra, mode = spec["lib"], spec["algo"], spec["env"], spec["steps"], spec["extra"], spec["mode"]
+from hetrl.config import make_config
+from hetrl.runtime.evaluate import evaluate
+cfg = make_config(algo, env, {"steps": steps, "eval_episodes": 0, "keep_best": False, **extra})
+EVAL_EP, TARGET, EVERY = spec.get("eval_episodes", 5), spec.get("target", 475.0), spec.get("eval_every", 5000)
+out = {}
+if lib == "hetrl":
+    import hetrl
+    from hetrl.api import Policy, Run
+    t0 = time.perf_counter()
+    run = Run(cfg, env)
+    t_built = time.perf_counter()
+    s = run.schedule
+    evals, train_s, hit = [], 0.0, None
+    t = time.perf_counter()
+    next_eval = EVERY
+    while not s.done():
+        s.phase()
+        if mode == "t475" and s.c.env_steps >= next_eval:
+            train_s += time.perf_counter() - t
+            ev = Policy(s.algo, cfg, env).evaluate(EVAL_EP, seed=10_000)["eval_return_mean"]
+            evals.append((s.c.env_steps, train_s, time.perf_counter() - t_built, ev))
+            next_eval += EVERY
+            t = time.perf_counter()
+            if ev >= TARGET:
+                hit = evals[-1]
+                break
+    train_s += time.perf_counter() - t
+    s.c.wall_s = train_s
+    f = s.figures()
+    if hasattr(s, "close"):
+        s.close()
+    out = {"wall_s": train_s, "setup_s": t_built - t0, "env_steps": f["env_steps"],
+           "gradient_steps": f["gradient_steps"], "learner_busy_s": f["learner_busy_s"],
+           "local": {k: f[k] for k in ("actors", "envs_per_actor", "actor_busy_fraction", "learner_busy_fraction",
+                                        "policy_staleness_mean", "replay_ratio_achieved", "learner_wait_s")
+                     if k in f}}
+else:
+    import numpy as np
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.noise import NormalActionNoise
+    common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
+                  batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
+                  gradient_steps=cfg.gradient_steps, policy_kwargs=dict(net_arch=cfg.net_arch), seed=cfg.seed, verbose=0)
+    if algo == "dqn":
+        model = sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval,
+                        exploration_fraction=cfg.exploration_fraction, exploration_final_eps=cfg.exploration_final_eps, **common)
+    else:
+        import gymnasium as gym
+        n = gym.make(env).action_space.shape[0]
+        model = sb3.DDPG("MlpPolicy", env, tau=cfg.tau, action_noise=NormalActionNoise(np.zeros(n), cfg.noise_std * np.ones(n)), **common)
+    state = {"evals": [], "eval_s": 0.0, "hit": None, "next": EVERY}
+
+    class Eval(BaseCallback):
+        def _on_step(self):
+            if mode != "t475" or self.num_timesteps < state["next"]:
+                return True
+            t = time.perf_counter()
+            ev = evaluate(lambda o: self.model.predict(o, deterministic=True)[0], env, EVAL_EP, 10_000)["eval_return_mean"]
+            state["eval_s"] += time.perf_counter() - t
+            state["next"] += EVERY
+            state["evals"].append((self.num_timesteps, time.perf_counter() - state["t0"] - state["eval_s"],
+                                   time.perf_counter() - state["t0"], ev))
+            if ev >= TARGET:
+                state["hit"] = state["evals"][-1]
+                return False
+            return True
+
+    state["t0"] = time.perf_counter()
+    model.learn(total_timesteps=steps, callback=Eval())
+    wall = time.perf_counter() - state["t0"] - state["eval_s"]
+    evals, hit = state["evals"], state["hit"]
+    out = {"wall_s": wall, "env_steps": model.num_timesteps, "gradient_steps": model._n_updates}
+out["env_steps_per_s"] = out["env_steps"] / out["wall_s"]
+out["train_samples_per_s"] = out["gradient_steps"] * cfg.batch_size / out["wall_s"]
+if mode == "t475":
+    out["evals"] = evals
+    out["t475_s"] = hit[1] if hit else None
+    out["t475_with_eval_s"] = hit[2] if hit else None
+    out["t475_env_steps"] = hit[0] if hit else None
+print(json.dumps(out))
+"""
+
+
+def run_child(lib: str, algo: str, env: str, steps: int, extra: dict, mode: str = "throughput", **kw) -> dict:
+    spec = {"lib": lib, "algo": algo, "env": env, "steps": steps, "extra": extra, "mode": mode, **kw}
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{lib} {algo} {env} {extra} failed:\n{p.stderr[-3000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["process_s"] = time.perf_counter() - t
+    return r
+
+
+def label(variant: str) -> tuple[str, dict]:
+    """inline | local | sb3 -> (lib, extra settings)."""
+    return {"inline": ("hetrl", {"schedule": "inline"}), "local": ("hetrl", {"schedule": "local"}),
+            "sb3": ("sb3", {})}[variant]
+
+
+def rounds_of(variants: list[str], rounds: int, fn, seeded: bool = False) -> dict[str, list[dict]]:
+    """Run fn(variant) (fn(variant, seed) when `seeded`: seed = round) for every variant, rounds times."""
+    rows: dict[str, list[dict]] = {v: [] for v in variants}
+    for r in range(rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for v in order:
+            res = fn(v, r) if seeded else fn(v)
+            res["seed"] = r if seeded else 0
+            rows[v].append(res)
+            extra = f" t475 {res['t475_s']:.1f} s" if res.get("t475_s") else ""
+            print(f"  round {r} {v:>8}: {res['env_steps_per_s']:8.0f} env steps/s "
+                  f"{res['train_samples_per_s']:8.0f} samples/s ({res['wall_s']:.1f} s){extra}", flush=True)
+    return rows
+
+
+def median(rows: list[dict], key: str):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarise(name: str, rows: dict[str, list[dict]], keys=("env_steps_per_s", "train_samples_per_s")) -> dict:
+    med = {v: {k: median(rs, k) for k in keys} for v, rs in rows.items()}
+    for k in keys:
+        line = ", ".join(f"{v} {m[k]:.1f}" if m[k] is not None else f"{v} -" for v, m in med.items())
+        print(f"==> {name} {k} (median): {line}")
+    return {"runs": rows, "median": med}
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default="throughput,t475,ddpg,sweep,ablation")
+    ap.add_argument("--dqn-steps", type=int, default=20_000)
+    ap.add_argument("--t475-max", type=int, default=50_000)
+    ap.add_argument("--t475-seeds", type=int, default=3, help="one seed per round (0, 1, ...)")
+    ap.add_argument("--eval-every", type=int, default=5_000)
+    ap.add_argument("--ddpg-steps", type=int, default=6_000)
+    ap.add_argument("--ddpg-learning-starts", type=int, default=1_000,
+                    help="shorter warm-up than the preset's 10k so the timed part is mostly learning")
+    ap.add_argument("--sweep-steps", type=int, default=20_000)
+    ap.add_argument("--out", default=str(RESULTS / "bench_local.json"))
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() else {}
+    report.update({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                   "python": sys.version.split()[0], "loadavg_start": os.getloadavg(),
+                   "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])})
+    variants = ["inline", "local", "sb3"]
+
+    if "throughput" in only:
+        print(f"DQN CartPole-v1 throughput, {args.dqn_steps} env steps at the preset's replay ratio")
+        rows = rounds_of(variants, args.rounds, lambda v: run_child(label(v)[0], "dqn", "CartPole-v1",
+                                                                     args.dqn_steps, label(v)[1]))
+        s = summarise("dqn throughput", rows)
+        m = s["median"]
+        s["local_vs_inline"] = ratio(m["local"]["env_steps_per_s"], m["inline"]["env_steps_per_s"])
+        s["local_vs_sb3"] = ratio(m["local"]["env_steps_per_s"], m["sb3"]["env_steps_per_s"])
+        print(f"==> local / inline {s['local_vs_inline']:.2f}x, local / SB3 {s['local_vs_sb3']:.2f}x env steps/s")
+        report["dqn_throughput"] = {"steps": args.dqn_steps, **s}
+
+    if "t475" in only:
+        print(f"DQN CartPole-v1 wall time to eval return >= 475 (eval every {args.eval_every}, 5 episodes)")
+        rows = rounds_of(variants, args.t475_seeds, lambda v, seed: run_child(
+            label(v)[0], "dqn", "CartPole-v1", args.t475_max, {**label(v)[1], "seed": seed}, mode="t475",
+            eval_every=args.eval_every), seeded=True)
+        s = summarise("dqn time to 475", rows, keys=("t475_s", "t475_with_eval_s", "t475_env_steps",
+                                                     "env_steps_per_s"))
+        m = s["median"]
+        s["local_vs_sb3_time"] = ratio(m["local"]["t475_s"], m["sb3"]["t475_s"])
+        s["reached"] = {v: sum(r.get("t475_s") is not None for r in rs) for v, rs in rows.items()}
+        report["dqn_t475"] = {"max_steps": args.t475_max, "eval_every": args.eval_every, **s}
+
+    if "ddpg" in only:
+        extra = {"learning_starts": args.ddpg_learning_starts}
+        print(f"DDPG Pendulum-v1, {args.ddpg_steps} env steps (learning_starts {args.ddpg_learning_starts})")
+        rows = rounds_of(variants, args.rounds, lambda v: run_child(
+            label(v)[0], "ddpg", "Pendulum-v1", args.ddpg_steps, {**label(v)[1], **extra}))
+        s = summarise("ddpg throughput", rows)
+        m = s["median"]
+        s["local_vs_sb3"] = ratio(m["local"]["env_steps_per_s"], m["sb3"]["env_steps_per_s"])
+        s["local_vs_inline"] = ratio(m["local"]["env_steps_per_s"], m["inline"]["env_steps_per_s"])
+        print(f"==> DDPG local / SB3 {s['local_vs_sb3']:.2f}x, local / inline {s['local_vs_inline']:.2f}x")
+        report["ddpg_throughput"] = {"steps": args.ddpg_steps, "extra": extra, **s}
+
+    if "sweep" in only:
+        print(f"local: env steps/s against actors, {args.sweep_steps} env steps")
+        sweep = {"steps": args.sweep_steps, "preset_ratio": {}, "no_rate_limit": {}}
+        for n in (1, 2, 3, 4):
+            m = max(1, 8 // n)
+            for key, extra in (("preset_ratio", {}), ("no_rate_limit", {"rate_limit": False})):
+                r = run_child("hetrl", "dqn", "CartPole-v1", args.sweep_steps,
+                              {"schedule": "local", "actors": n, "envs_per_actor": m, **extra})
+                sweep[key][n] = r
+                print(f"  actors {n} x {m} envs {key:>14}: {r['env_steps_per_s']:8.0f} env steps/s, "
+                      f"{r['gradient_steps']} gradient steps, actor busy {r['local']['actor_busy_fraction']:.2f}, "
+                      f"learner busy {r['local']['learner_busy_fraction']:.2f}", flush=True)
+        report["sweep"] = sweep
+        plot_sweep(report)
+
+    if "ablation" in only:
+        print(f"local ablation: each optimisation off in turn, DQN CartPole-v1 {args.dqn_steps} env steps")
+        cases = {"all on (default)": {}, "overlap off (lockstep)": {"overlap": False},
+                 "batched insert off": {"batched_insert": False}, "prefetch off": {"prefetch": False},
+                 "actor BLAS threads = cores": {"actor_one_thread": False},
+                 "preallocate off": {"preallocate": False}, "learner threads = 2": {"threads": 2}}
+        rows = rounds_of(list(cases), args.rounds, lambda c: run_child(
+            "hetrl", "dqn", "CartPole-v1", args.dqn_steps, {"schedule": "local", **cases[c]}))
+        report["ablation"] = {"steps": args.dqn_steps, **summarise("ablation", rows)}
+
+    report["loadavg_end"] = os.getloadavg()
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+
+
+def plot_sweep(report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = report["sweep"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, name in (("preset_ratio", "local, preset replay ratio"), ("no_rate_limit", "local, no rate limiter")):
+        pts = sorted((int(n), r["env_steps_per_s"]) for n, r in sweep[key].items())
+        ax.plot([n for n, _ in pts], [v for _, v in pts], marker="o", label=name)
+    thr = report.get("dqn_throughput", {}).get("median", {})
+    for v, style in (("inline", "--"), ("sb3", ":")):
+        if v in thr and thr[v]["env_steps_per_s"]:
+            ax.axhline(thr[v]["env_steps_per_s"], linestyle=style, color="gray", label=f"{v} (preset ratio)")
+    ax.set_xlabel("actor processes (8 envs in total)")
+    ax.set_ylabel("env steps / s")
+    ax.set_yscale("log")
+    ax.set_xticks([1, 2, 3, 4])
+    ax.set_title(f"DQN CartPole-v1, {sweep['steps']} env steps, {os.cpu_count()} cores")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = RESULTS / "bench_local_sweep.png"
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""The local schedule (hetrl/runtime/local.py): shared memory, parameter store, actor staging,
+rate limiter, priorities, actor death and errors.  Tiny nets and budgets; no timing asserts.
+Life-cycle tests with real signals are in test_local_lifecycle.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import hetrl
+from hetrl.actors import Actor
+from hetrl.algos import make_algorithm, replay_spec
+from hetrl.api import Run
+from hetrl.config import make_config
+from hetrl.errors import HetrlError, UsageError
+from hetrl.replay import ReplayBuffer
+from hetrl.runtime.local import _BatchSource, layout
+from hetrl.runtime.local_actor import StagingCollector
+from hetrl.runtime.shm import ParamStore, SharedArrays
+
+
+# ---- env factories the actor processes import from this module ----------------------------------
+class _Slow(gym.Wrapper):
+    def __init__(self, env, dt):
+        super().__init__(env)
+        self.dt = dt
+
+    def step(self, action):
+        time.sleep(self.dt)
+        return self.env.step(action)
+
+
+class _Fails(gym.Wrapper):
+    def __init__(self, env, after):
+        super().__init__(env)
+        self.n, self.after = 0, after
+
+    def step(self, action):
+        self.n += 1
+        if self.n > self.after:
+            raise RuntimeError(f"boom: the env broke at step {self.n}")
+        return self.env.step(action)
+
+
+def slow_cartpole():
+    return _Slow(gym.make("CartPole-v1"), 0.002)
+
+
+def failing_cartpole():
+    return _Fails(gym.make("CartPole-v1"), after=40)
+
+
+@pytest.fixture
+def local(tiny):
+    return {**tiny, "schedule": "local", "actors": 1, "envs_per_actor": 4}
+
+
+def cfg_of(settings, env="CartPole-v1", algo="dqn"):
+    return make_config(algo, env, settings)
+
+
+def run_phases(s, until=None):
+    while not s.done():
+        s.phase()
+        if until is not None and until(s):
+            return
+
+
+# ---- shared memory and the parameter store ------------------------------------------------------
+def test_shared_arrays_have_no_name():
+    block = SharedArrays({"a": ((3, 4), "float32"), "b": ((5,), "int64")})
+    block["a"][:] = 1.5
+    assert block["a"].sum() == 18 and block["b"].dtype == np.int64
+    assert block["b"].ctypes.data % 64 == 0
+    target = os.readlink(f"/proc/self/fd/{block._fd}")
+    assert target.startswith("/memfd:") or "(deleted)" in target  # nothing named in /dev/shm
+    block.close()
+
+
+def test_param_store_seqlock():
+    store = ParamStore({"w": torch.zeros(3), "b": torch.zeros(2)})
+    assert store.read(-1) is None and store.version == -1
+    store.publish({"w": torch.ones(3), "b": torch.full((2,), 2.0)}, 0)
+    state, v = store.read(-1)
+    assert v == 0 and torch.equal(state["w"], torch.ones(3)) and torch.equal(state["b"], torch.full((2,), 2.0))
+    assert store.read(0) is None  # nothing newer
+    store.block["header"][0] += 1  # a writer mid-way: odd sequence number
+    assert store.read(-1) is None
+    store.block["header"][0] += 1
+    store.publish({"w": torch.full((3,), 3.0), "b": torch.zeros(2)}, 1)
+    assert store.read(0)[1] == 1 and store.version == 1
+
+
+# ---- actor staging and learner batches match the inline parts --------------------------------
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_staging_collector_writes_what_actor_collect_returns(tiny, n_step):
+    cfg = cfg_of({**tiny, "n_step": n_step})
+    env = gym.make("CartPole-v1")
+    algo = make_algorithm(cfg, env.observation_space, env.action_space)
+    spec = replay_spec(env.observation_space, env.action_space)
+
+    def explore(steps):
+        return 0.3
+
+    ref = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
+    act = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
+    rows = 200 + 4 * n_step
+    staging = SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
+    col = StagingCollector(act, staging, spec, 4, preallocate=True)
+    for half in (0, 1, 0):
+        want = ref.collect(200, explore)
+        got = col.collect(half, 200, explore)
+        assert got == len(want["obs"])
+        for k in spec:
+            np.testing.assert_array_equal(staging[f"{half}:{k}"][:got], want[k], err_msg=k)
+    assert col.drain() == ref.drain_episodes()
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_batch_source_draws_what_replay_sample_draws(prioritized):
+    spec = {"obs": ((3,), "float32"), "action": ((), "int64")}
+    a = ReplayBuffer(100, spec, prioritized=prioritized, seed=5)
+    b = ReplayBuffer(100, spec, prioritized=prioritized, seed=5)
+    data = {"obs": np.arange(240, dtype=np.float32).reshape(80, 3), "action": np.arange(80)}
+    for r in (a, b):
+        r.insert(data)
+        if prioritized:
+            r.update_priorities(np.arange(80), np.linspace(0.1, 5, 80))
+    src = _BatchSource(b, spec, 8, 4, preallocate=True)
+    for g in (4, 2, 4):
+        batch, keys, w = a.sample(g * 8)
+        g2, stack, keys2, w2 = src.draw(g)
+        assert g2 == g
+        np.testing.assert_array_equal(keys, keys2)
+        torch.testing.assert_close(w.view(g, 8), w2)
+        for k in spec:
+            assert torch.equal(batch[k].view(g, 8, *batch[k].shape[1:]), stack[k])
+
+
+# ---- whole runs ---------------------------------------------------------------------------------
+def test_local_run_result_checkpoint_and_resume(local, tmp_path):
+    out = tmp_path / "run"
+    run = hetrl.train("dqn", "CartPole-v1", out=out, progress=False, save_replay=True, **local)
+    res = run.result
+    for key in ("schedule", "actors", "envs_per_actor", "actor_busy_fraction", "learner_busy_fraction",
+                "policy_staleness_mean", "replay_ratio_achieved", "env_steps_per_s", "train_samples_per_s"):
+        assert key in res, key
+    assert res["schedule"] == "local" and res["actors"] == 1 and res["envs_per_actor"] == 4
+    assert res["env_steps"] == 600
+    # the rate limiter gives exactly the preset's replay ratio: (600 - learning_starts) x 10/100 steps
+    assert res["gradient_steps"] == 40
+    assert 0 < res["learner_busy_fraction"] <= 1 and 0 < res["actor_busy_fraction"] <= 1
+    assert res["policy_staleness_mean"] >= 0 and res["actor_restarts"] == 0
+    assert run.schedule.actor_pids() == []  # actors stopped when the run finished
+    # resume: counters, optimizer and replay continue; actors restart with new seeds
+    again = hetrl.api.resume(out, steps=1000, progress=False, evaluate_episodes=0)
+    assert again.result["env_steps"] == 1000 and again.result["gradient_steps"] == 80
+    assert len(again.schedule.replay) == 1000
+
+
+def test_two_actors_and_cli_flags(tmp_path, capsys):
+    from hetrl.cli import main
+
+    out = tmp_path / "cli"
+    code = main(["train", "dqn", "--env", "CartPole-v1", "--plan", "none", "--schedule", "local", "--actors", "2",
+                 "--envs-per-actor", "2", "--steps", "800", "--out", str(out), "--no-progress",
+                 "--set", "learning_starts=200", "--set", "train_freq=100", "--set", "gradient_steps=10",
+                 "--set", "batch_size=32", "--set", "buffer_size=1000", "--set", "net_arch=[32,32]",
+                 "--set", "eval_episodes=0", "--set", "threads=1"])
+    assert code == 0
+    import json
+
+    res = json.loads((out / "result.json").read_text())
+    assert (res["schedule"], res["actors"], res["envs_per_actor"], res["env_steps"]) == ("local", 2, 2, 800)
+    assert res["gradient_steps"] == 60
+
+
+@pytest.mark.parametrize("switch", ["overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate"])
+def test_each_optimisation_can_be_switched_off(local, switch):
+    run = hetrl.train("dqn", "CartPole-v1", progress=False, **{**local, switch: False})
+    assert run.result["optimisations"][switch] is False
+    assert run.result["env_steps"] == 600 and run.result["gradient_steps"] == 40
+
+
+def test_without_rate_limit_the_run_ends_with_the_data(local):
+    run = hetrl.train("dqn", "CartPole-v1", progress=False, **{**local, "rate_limit": False})
+    assert run.result["env_steps"] == 600 and run.result["gradient_steps"] > 0
+
+
+def test_lambda_env_is_a_usage_error(local):
+    with pytest.raises(UsageError, match="module-level function"):
+        hetrl.train("dqn", lambda: gym.make("CartPole-v1"), progress=False, **local)
+
+
+def test_actor_error_surfaces_in_parent(local):
+    with pytest.raises(HetrlError, match="boom: the env broke") as info:
+        hetrl.train("dqn", failing_cartpole, progress=False, **local)
+    assert "actor 0 failed: RuntimeError" in str(info.value) and "Traceback" in str(info.value)
+
+
+def test_killed_actor_is_replaced_and_the_run_finishes(local, capfd):
+    cfg = cfg_of({**local, "steps": 2400, "actors": 2, "envs_per_actor": 2})
+    run = Run(cfg, "CartPole-v1")
+    s = run.schedule
+    victim = None
+    try:
+        while not s.done():
+            s.phase()
+            if victim is None and s.c.env_steps >= 600:
+                victim = s.actor_pids()[0]
+                os.kill(victim, signal.SIGKILL)
+        assert s.c.restarts == 1 and s.figures()["actor_restarts"] == 1
+        assert s.c.env_steps == 2400
+        assert s.c.gradient_steps == (2400 - 200) // 10
+        _, err = capfd.readouterr()
+        assert f"(pid {victim}) was killed by signal 9; starting a new one" in err
+    finally:
+        s.close()
+    with pytest.raises(OSError):
+        os.kill(victim, 0)
+
+
+# ---- rate limiter ---------------------------------------------------------------------------------
+def check_trace(s):
+    rule = s.rule
+    assert s.trace, "no trace"
+    for inserts, samples in s.trace:
+        diff = inserts * rule.samples_per_insert - samples
+        assert diff <= rule.max_diff + 1e-9, (inserts, samples)
+        if samples:
+            assert diff >= rule.min_diff - 1e-9, (inserts, samples)
+    # at the end the learner owes less than one batch: the preset's ratio
+    inserts, samples = s.trace[-1]
+    owed = inserts * rule.samples_per_insert - samples - rule.samples_per_insert * rule.min_size_to_sample
+    assert 0 <= owed < s.cfg.batch_size
+
+
+def test_rate_limiter_holds_the_ratio_under_a_slow_learner(local):
+    cfg = cfg_of({**local, "steps": 1600, "rate_tolerance": 100})
+    run = Run(cfg, "CartPole-v1")
+    s = run.schedule
+    s.trace = []
+    learn = s.algo.learn
+
+    def slow_learn(stack, weights):
+        time.sleep(0.003 * weights.shape[0])
+        return learn(stack, weights)
+
+    s.algo.learn = slow_learn
+    try:
+        run_phases(s)
+        check_trace(s)
+        assert s.c.gradient_steps == (1600 - 200) // 10
+        # the actor was held back: it never got more than the window ahead of the learner
+        assert s.c.learner_wait_s < s.c.learner_s
+    finally:
+        s.close()
+
+
+def test_rate_limiter_holds_the_ratio_under_a_slow_actor(local):
+    cfg = cfg_of({**local, "steps": 1000, "rate_tolerance": 100})
+    run = Run(cfg, slow_cartpole)
+    s = run.schedule
+    s.trace = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    try:
+        run_phases(s)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        check_trace(s)
+        assert s.c.gradient_steps == (1000 - 200) // 10
+        assert s.c.learner_wait_s > 0
+        # the learner blocks while it waits for data (no busy loop): it used well under a core
+        assert cpu < 0.6 * wall, (cpu, wall)
+    finally:
+        s.close()
+
+
+def test_rate_tolerance_too_small_is_a_usage_error(local):
+    with pytest.raises(UsageError, match="rate_tolerance"):
+        layout(cfg_of({**local, "rate_tolerance": 1}))
+
+
+# ---- priorities -----------------------------------------------------------------------------------
+def test_learner_priorities_reach_the_tree_and_steer_the_next_samples(local):
+    cfg = cfg_of({**local, "steps": 1500, "prioritized": True, "per_alpha": 1.0})
+    run = Run(cfg, "CartPole-v1")
+    s = run.schedule
+    drawn, hot = [], set()
+    draw, learn = s._batches.draw, s.algo.learn
+
+    def record_draw(g):
+        item = draw(g)
+        drawn.append(item[2].copy())
+        return item
+
+    calls = {"n": 0}
+
+    def learn_with_hot_keys(stack, weights):
+        learn(stack, weights)
+        keys = drawn[calls["n"]]  # draws and learns happen in the same order
+        if calls["n"] == 0:
+            hot.update(int(k) for k in keys)
+        calls["n"] += 1
+        td = torch.tensor([1000.0 if int(k) in hot else 0.0 for k in keys]).view(weights.shape)
+        return td
+
+    s._batches.draw, s.algo.learn = record_draw, learn_with_hot_keys
+    try:
+        s.phase()
+        while calls["n"] == 0:
+            s.phase()
+        # the learner's |TD| is in the tree the sampler reads
+        leaves = s.replay.tree.get(np.array(sorted(hot)))
+        np.testing.assert_allclose(leaves, 1000.0 + s.replay.eps)
+        run_phases(s)
+        later = np.concatenate(drawn[2:])  # draw 1 was prefetched before the update
+        frac = np.isin(later, list(hot)).mean()
+        share = len(hot) / len(s.replay)
+        assert frac > 5 * share, (frac, share)
+    finally:
+        s.close()
