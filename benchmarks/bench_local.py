@@ -19,6 +19,10 @@ other and the order flips every round, so all see the same machine load.  Sectio
               without the rate limiter; plot in benchmarks/results/bench_local_sweep.png.
 * ablation    local with each scheduling optimisation switched off in turn, and with a
               2-thread learner.
+* pays        where overlapping pays: DQN CartPole-v1 (preset) on an env whose step burns
+              0.2 ms more CPU (`benchmarks.bench_local:HeavyCartPole-v1`, a stand-in for a
+              costlier simulator), and plain CartPole at a 16x lower replay ratio
+              (gradient_steps=8 per 256 env steps): inline vs local.
 
 Writes benchmarks/results/bench_local.json.  The machine is shared and noisy: compare ratios
 within a round, not absolute figures across runs.  Needs stable-baselines3 (make bench).
@@ -37,6 +41,33 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+HEAVY_STEP_S = 0.0002
+
+
+def _heavy_cartpole(**kwargs):
+    import gymnasium as gym
+
+    class Heavy(gym.Wrapper):
+        def step(self, action):  # burn CPU like a costlier simulator would (not sleep)
+            end = time.perf_counter() + HEAVY_STEP_S
+            while time.perf_counter() < end:
+                pass
+            return self.env.step(action)
+
+    return Heavy(gym.make("CartPole-v1", **kwargs))
+
+
+def _register() -> None:
+    import gymnasium as gym
+
+    if "HeavyCartPole-v1" not in gym.registry:
+        gym.register("HeavyCartPole-v1", entry_point=_heavy_cartpole, max_episode_steps=None)
+
+
+try:  # `benchmarks.bench_local:HeavyCartPole-v1` imports this module in every actor process
+    _register()
+except ImportError:  # pragma: no cover
+    pass
 
 CHILD = r"""
 import json, sys, time
@@ -44,7 +75,7 @@ spec = json.loads(sys.argv[1])
 lib, algo, env, steps, extra, mode = spec["lib"], spec["algo"], spec["env"], spec["steps"], spec["extra"], spec["mode"]
 from hetrl.config import make_config
 from hetrl.runtime.evaluate import evaluate
-cfg = make_config(algo, env, {"steps": steps, "eval_episodes": 0, "keep_best": False, **extra})
+cfg = make_config(algo, spec.get("preset_env", env), {"steps": steps, "eval_episodes": 0, "keep_best": False, **extra})
 EVAL_EP, TARGET, EVERY = spec.get("eval_episodes", 5), spec.get("target", 475.0), spec.get("eval_every", 5000)
 out = {}
 if lib == "hetrl":
@@ -187,6 +218,7 @@ def main() -> None:
     ap.add_argument("--ddpg-learning-starts", type=int, default=1_000,
                     help="shorter warm-up than the preset's 10k so the timed part is mostly learning")
     ap.add_argument("--sweep-steps", type=int, default=20_000)
+    ap.add_argument("--pays-steps", type=int, default=20_000)
     ap.add_argument("--out", default=str(RESULTS / "bench_local.json"))
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -257,6 +289,19 @@ def main() -> None:
             "hetrl", "dqn", "CartPole-v1", args.dqn_steps, {"schedule": "local", **cases[c]}))
         report["ablation"] = {"steps": args.dqn_steps, **summarise("ablation", rows)}
 
+    if "pays" in only:
+        cases = {"heavy env (+0.2 ms CPU per step), preset ratio": ("benchmarks.bench_local:HeavyCartPole-v1", {}),
+                 "CartPole, replay ratio 1/32 (gradient_steps=8)": ("CartPole-v1", {"gradient_steps": 8})}
+        report["pays"] = {"steps": args.pays_steps}
+        for name, (env, extra) in cases.items():
+            print(f"{name}: {args.pays_steps} env steps")
+            rows = rounds_of(["inline", "local"], args.rounds, lambda v: run_child(
+                "hetrl", "dqn", env, args.pays_steps, {**label(v)[1], **extra}, preset_env="CartPole-v1"))
+            s = summarise(name, rows)
+            s["local_vs_inline"] = ratio(s["median"]["local"]["env_steps_per_s"], s["median"]["inline"]["env_steps_per_s"])
+            print(f"==> {name}: local / inline {s['local_vs_inline']:.2f}x")
+            report["pays"][name] = {"env": env, "extra": extra, **s}
+
     report["loadavg_end"] = os.getloadavg()
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
@@ -278,7 +323,7 @@ def plot_sweep(report: dict) -> None:
     for v, style in (("inline", "--"), ("sb3", ":")):
         if v in thr and thr[v]["env_steps_per_s"]:
             ax.axhline(thr[v]["env_steps_per_s"], linestyle=style, color="gray", label=f"{v} (preset ratio)")
-    ax.set_xlabel("actor processes (8 envs in total)")
+    ax.set_xlabel("actor processes (8 // actors envs each)")
     ax.set_ylabel("env steps / s")
     ax.set_yscale("log")
     ax.set_xticks([1, 2, 3, 4])

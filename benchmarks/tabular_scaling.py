@@ -100,6 +100,11 @@ def run_config(data, algo, dtype, backend, W, rounds, alpha, gamma, bits):
         "updates": st.updates, "wall_s": st.wall_s, "updates_per_s": st.updates / st.wall_s,
         "kernel_s": st.kernel_s, "merge_s": st.merge_s,
         "worker_kernel_updates_per_s": [u / t for u, t in zip(st.worker_updates, st.worker_kernel_s)],
+        # updates per second of CPU time each worker thread actually got: what a worker does
+        # while it runs, whatever the other processes take from the machine
+        "worker_cpu_updates_per_s": [u / c if c > 0 else None for u, c in zip(st.worker_updates, st.worker_cpu_s)],
+        # share of the kernel time during which >= 2 workers ran at once (GIL released)
+        "overlap_fraction": st.overlap_s / st.kernel_s if W > 1 and st.kernel_s > 0 else None,
         "cpu_per_wall": own / wall,  # ~W when the W threads really ran in parallel
     }
 
@@ -168,7 +173,12 @@ def main(argv=None) -> int:
                     best = max(ups)
                     best_run = runs[W][ups.index(best)]
                     ev = evaluate(info, tables[W], 100)
+                    cpu_rates = [statistics.mean(x for x in m["worker_cpu_updates_per_s"] if x) for m in runs[W]
+                                 if any(m["worker_cpu_updates_per_s"])] if backend == "threads" else []
+                    overlaps = [m["overlap_fraction"] for m in runs[W] if m["overlap_fraction"] is not None]
                     row = {
+                        "cpu_time_updates_per_s_per_worker": statistics.median(cpu_rates) if cpu_rates else None,
+                        "overlap_fraction_max": max(overlaps) if overlaps else None,
                         "env": args.env, "env_id": info.env_id, "algo": args.algo, "transitions": n,
                         "rounds": args.rounds, "dtype": dtype, "backend": backend, "workers": W,
                         "updates_per_s": best, "updates_per_s_median": statistics.median(ups),
@@ -183,11 +193,19 @@ def main(argv=None) -> int:
                     if (r["transitions"], r["dtype"], r["backend"]) == (n, dtype, backend) and 1 in base:
                         r["speedup_vs_1"] = r["updates_per_s"] / base[1]
                         r["scaling_efficiency"] = r["speedup_vs_1"] / r["workers"]
+                        c1 = next((x["cpu_time_updates_per_s_per_worker"] for x in results
+                                   if (x["transitions"], x["dtype"], x["backend"], x["workers"]) == (n, dtype, backend, 1)), None)
+                        if c1 and r["cpu_time_updates_per_s_per_worker"]:
+                            # what W workers would do on W free cores: W x (their CPU-time rate) / 1 worker's
+                            r["cpu_time_speedup_vs_1"] = r["workers"] * r["cpu_time_updates_per_s_per_worker"] / c1
                         print(f"  {dtype:7s} {backend:7s} W={r['workers']}: {r['updates_per_s'] / 1e6:7.1f} M/s total "
                               f"(median {r['updates_per_s_median'] / 1e6:6.1f}), {r['updates_per_s_per_worker'] / 1e6:6.1f} "
                               f"M/s/worker, speedup {r['speedup_vs_1']:.2f}x, cpu/wall {r['cpu_per_wall']:.2f}, "
                               f"other load {r['other_cores']:.2f}, "
-                              f"greedy return {r['eval_return_mean']:.2f}", flush=True)
+                              + (f"cpu-time rate {r['cpu_time_updates_per_s_per_worker'] / 1e6:.1f} M/s/worker "
+                                 f"(x{r.get('cpu_time_speedup_vs_1', 0):.2f}), overlap {r['overlap_fraction_max'] or 0:.2f}, "
+                                 if r["cpu_time_updates_per_s_per_worker"] else "")
+                              + f"greedy return {r['eval_return_mean']:.2f}", flush=True)
         # NumPy baselines (float64 tables, single thread)
         if args.algo == "qlearning":
             m = min(n, args.loop_transitions)
@@ -239,6 +257,10 @@ def main(argv=None) -> int:
                  "speedup_1_to_2": r2["speedup_vs_1"] if r2 else None}
             c["per_worker_target_met"] = min(x for x in (c["per_worker_1"], c["per_worker_2"]) if x) >= TARGET_PER_WORKER
             c["speedup_target_met"] = (c["speedup_1_to_2"] or 0) >= TARGET_SPEEDUP_1_2 if r2 else None
+            c["cpu_time_per_worker_1"] = r1.get("cpu_time_updates_per_s_per_worker")
+            c["cpu_time_per_worker_2"] = r2.get("cpu_time_updates_per_s_per_worker") if r2 else None
+            c["cpu_time_speedup_1_to_2"] = r2.get("cpu_time_speedup_vs_1") if r2 else None
+            c["overlap_fraction_2"] = r2.get("overlap_fraction_max") if r2 else None
             checks.append(c)
 
     report = {
@@ -264,7 +286,10 @@ def main(argv=None) -> int:
     print(f"other processes kept {other if other is not None else float('nan'):.2f} cores busy on average")
     for c in checks:
         print(f"check N={c['transitions']:,} {c['dtype']}: per worker {c['per_worker_1'] / 1e6:.1f} (W=1) / "
-              f"{(c['per_worker_2'] or 0) / 1e6:.1f} (W=2) M/s, speedup 1->2 {c['speedup_1_to_2'] or 0:.2f}x")
+              f"{(c['per_worker_2'] or 0) / 1e6:.1f} (W=2) M/s, speedup 1->2 {c['speedup_1_to_2'] or 0:.2f}x; "
+              f"cpu-time per worker {(c['cpu_time_per_worker_1'] or 0) / 1e6:.1f} / "
+              f"{(c['cpu_time_per_worker_2'] or 0) / 1e6:.1f} M/s (x{c['cpu_time_speedup_1_to_2'] or 0:.2f}), "
+              f"overlap {c['overlap_fraction_2'] or 0:.2f}")
     print(f"wrote {jpath} and {ppath}")
     return 0
 
@@ -375,6 +400,9 @@ def plot(report: dict, path: str) -> None:
                          color=colors[n], label=lab)
                 ax2.plot(W, [r["updates_per_s_per_worker"] / 1e6 for r in rows], styles[backend],
                          marker=markers[dtype], color=colors[n], label=lab)
+                if backend == "threads" and all(r.get("cpu_time_updates_per_s_per_worker") for r in rows):
+                    ax2.plot(W, [r["cpu_time_updates_per_s_per_worker"] / 1e6 for r in rows], "--",
+                             marker=markers[dtype], color=colors[n], alpha=0.5, label=lab + " per CPU-second")
                 if backend == "threads" and dtype == "float32" and rows[0]["workers"] == 1:
                     ax1.plot(W, [rows[0]["updates_per_s"] / 1e6 * w for w in W], "--", color="grey", lw=0.8,
                              label=f"{n / 1e6:g}M linear" if n == sizes[0] else None)

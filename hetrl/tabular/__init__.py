@@ -280,6 +280,8 @@ def train_tabular(algo: str, env: str, workers: int = 1, transitions: int = 1_00
         "transitions": int(transitions), "rounds": int(rounds), "updates": int(st.updates),
         "wall_s": round(st.wall_s, 6), "updates_per_s": ups, "updates_per_s_per_worker": ups / workers,
         "worker_kernel_updates_per_s": [u / t if t > 0 else None for u, t in zip(st.worker_updates, st.worker_kernel_s)],
+        "worker_cpu_updates_per_s": [u / c if c > 0 else None for u, c in zip(st.worker_updates, st.worker_cpu_s)],
+        "kernel_overlap": (st.overlap_s / st.kernel_s) if workers > 1 and st.kernel_s > 0 else None,
         "single_worker_updates_per_s": single,
         "scaling_efficiency": (ups / (workers * single)) if single else None,
         "kernel_s": round(st.kernel_s, 6), "merge_s": round(st.merge_s, 6),

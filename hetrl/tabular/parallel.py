@@ -64,7 +64,9 @@ class TrainStats:
     kernel_s: float = 0.0  # sum over rounds of the slowest worker's kernel time
     merge_s: float = 0.0
     worker_kernel_s: list = field(default_factory=list)  # per worker, summed over rounds
+    worker_cpu_s: list = field(default_factory=list)  # per worker thread CPU time in its kernel
     worker_updates: list = field(default_factory=list)
+    overlap_s: float = 0.0  # time two or more worker kernels ran at once (threads backend)
     single_worker_updates_per_s: float | None = None  # same kernel, one thread alone
     online_episodes: int = 0
     online_return_mean: float | None = None
@@ -85,10 +87,44 @@ class _Pool:
             self.ex.shutdown()
 
 
-def _timed(fn, *args):
-    t0 = time.perf_counter()
+class Timing(float):
+    """A kernel call's wall seconds (the float value) plus the calling thread's CPU seconds and
+    the call's start/end on the perf_counter clock (to see whether workers overlapped)."""
+
+    cpu: float = 0.0
+    start: float = 0.0
+    end: float = 0.0
+
+
+def _timed(fn, *args) -> Timing:
+    c0, t0 = time.thread_time(), time.perf_counter()
     fn(*args)
-    return time.perf_counter() - t0
+    t1 = time.perf_counter()
+    out = Timing(t1 - t0)
+    out.cpu, out.start, out.end = time.thread_time() - c0, t0, t1
+    return out
+
+
+def overlap_s(times: list) -> float:
+    """Seconds during which at least two of the calls ran at once (sweep over start/end)."""
+    events = sorted([(t.start, 1) for t in times] + [(t.end, -1) for t in times])
+    active, last, total = 0, 0.0, 0.0
+    for when, step in events:
+        if active >= 2:
+            total += when - last
+        active += step
+        last = when
+    return total
+
+
+def _account(stats: "TrainStats", times: list, sizes: list) -> None:
+    stats.kernel_s += max(times)
+    if len(times) > 1 and all(isinstance(t, Timing) for t in times):
+        stats.overlap_s += overlap_s(times)
+    for w, t in enumerate(times):
+        stats.worker_kernel_s[w] += float(t)
+        stats.worker_cpu_s[w] += getattr(t, "cpu", float(t))
+        stats.worker_updates[w] += int(sizes[w])
 
 
 def prepare_rewards(r: np.ndarray, dtype: str, frac_bits: int | None) -> np.ndarray:
@@ -124,7 +160,7 @@ def train_offline(data, algo: str, dtype: str, workers: int, rounds: int, alphas
     s, a, s2, a2, done = data.s, data.a, data.s2, data.a2, data.done
     rngs = [K.rng_state(seed * 1_000_003 + 7919 * w + 1) for w in range(W)]
     epsilons = epsilons or [0.0] * rounds
-    stats = TrainStats(worker_kernel_s=[0.0] * W, worker_updates=[0] * W)
+    stats = TrainStats(worker_kernel_s=[0.0] * W, worker_cpu_s=[0.0] * W, worker_updates=[0] * W)
     pol = algo == "sarsa" and sarsa_next == "policy"
 
     def consts(rnd):
@@ -170,11 +206,8 @@ def train_offline(data, algo: str, dtype: str, workers: int, rounds: int, alphas
                 al, ga = consts(rnd)
                 fn = K.qlearning_i32_prange if dtype == "int32" else K.qlearning_f32_prange
                 t = _timed(fn, qs, bounds, s, a, r, s2, done, al, ga)
-                times = [t] * W
-            stats.kernel_s += max(times)
-            for w in range(W):
-                stats.worker_kernel_s[w] += times[w]
-                stats.worker_updates[w] += int(bounds[w + 1] - bounds[w])
+                times = [float(t)] * W  # one call for all workers: no per-worker split
+            _account(stats, times, np.diff(bounds))
             t_m = time.perf_counter()
             q = merge(q, qs, merge_strategy, counts)
             stats.merge_s += time.perf_counter() - t_m
@@ -197,7 +230,7 @@ def train_online(info, algo: str, dtype: str, workers: int, steps_per_worker: in
     tdt = np.int32 if dtype == "int32" else np.float32
     q = np.zeros((nS, nA), tdt)
     qs = worker_tables(W, nS, nA, tdt)
-    stats = TrainStats(worker_kernel_s=[0.0] * W, worker_updates=[0] * W)
+    stats = TrainStats(worker_kernel_s=[0.0] * W, worker_cpu_s=[0.0] * W, worker_updates=[0] * W)
     rngs = [K.rng_state(seed * 1_000_003 + 7919 * w + 2) for w in range(W)]
     sarsa = algo == "sarsa"
     if use_model:
@@ -225,9 +258,7 @@ def train_online(info, algo: str, dtype: str, workers: int, steps_per_worker: in
         ep_stats = [wk.stats for wk in workers_env]
 
         def work(w, rnd, steps=steps_per_worker):
-            t0 = time.perf_counter()
-            workers_env[w].run(qs[w], steps, alphas[rnd], gamma, epsilons[rnd])
-            return time.perf_counter() - t0
+            return _timed(workers_env[w].run, qs[w], steps, alphas[rnd], gamma, epsilons[rnd])
 
     if use_model:  # warm-up: load the compiled kernel outside the timed rounds
         saved = (qs[0].copy(), env_states[0].copy(), ep_stats[0].copy(), rngs[0].copy())
@@ -240,10 +271,7 @@ def train_online(info, algo: str, dtype: str, workers: int, steps_per_worker: in
         for rnd in range(rounds):
             qs[...] = q
             times = pool.map(lambda w: work(w, rnd), range(W))
-            stats.kernel_s += max(times)
-            for w in range(W):
-                stats.worker_kernel_s[w] += times[w]
-                stats.worker_updates[w] += steps_per_worker
+            _account(stats, times, [steps_per_worker] * W)
             t_m = time.perf_counter()
             q = merge(q, qs, merge_strategy)
             stats.merge_s += time.perf_counter() - t_m
