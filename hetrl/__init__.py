@@ -20,11 +20,11 @@ from hetrl.errors import HetrlError, UsageError  # noqa: E402
 
 
 def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for the CLI's --help
-    if name in ("train", "load", "Run", "Policy"):
+    if name in ("train", "resume", "load", "Run", "Policy"):
         from hetrl import api
 
         return getattr(api, name)
     raise AttributeError(name)
 
 
-__all__ = ["train", "load", "Run", "Policy", "HetrlError", "UsageError", "__version__"]
+__all__ = ["train", "resume", "load", "Run", "Policy", "HetrlError", "UsageError", "__version__"]

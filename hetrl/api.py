@@ -194,12 +194,26 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
         if not quiet:
             print(f"hetrl: {msg}", file=sys.stderr, flush=True)
 
-    result = plan(cfg, objective=objective, pins=pins_from_settings(settings, cfg.schedule), progress=note)
+    pins = pins_from_settings({k: v for k, v in settings.items() if k != "schedule"} if cfg.schedule == "ray"
+                              else settings, cfg.schedule)
+    cores = None
+    if cfg.schedule == "ray":  # plan the cluster's CPUs as one pool of actors around the learner
+        from hetrl.runtime.ray_schedule import cluster_cpus, connect
+
+        connect(cfg)
+        pins["schedule"], cores = "local", cluster_cpus()
+    result = plan(cfg, objective=objective, pins=pins, progress=note, cores=cores)
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
-    note(f"plan ({objective}): {p.schedule}, {shape}, learner on {p.learner_device}; predicted "
+    sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
+    note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s ({result.bottleneck}); `hetrl plan` explains it")
-    return result.apply(cfg), {"plan": result.to_json(), "predicted_env_steps_per_s": result.predicted_env_steps_per_s,
+    new = result.apply(cfg)
+    if cfg.schedule == "ray":
+        import dataclasses
+
+        new = dataclasses.replace(new, schedule="ray")
+    return new, {"plan": result.to_json(), "predicted_env_steps_per_s": result.predicted_env_steps_per_s,
                                "predicted_train_samples_per_s": result.predicted_train_samples_per_s}
 
 

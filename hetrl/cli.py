@@ -39,12 +39,17 @@ def _add_train(sub) -> None:
                         "actor count around what you set by hand; none: run the settings as given")
     p.add_argument("--objective", choices=["throughput", "efficiency"], default="throughput",
                    help="what --plan auto optimises: env steps/s, or env steps per joule")
-    # local schedule (hetrl/runtime/local.py): shorthands for --set schedule=/actors=/envs_per_actor=
-    p.add_argument("--schedule", choices=["inline", "local"],
-                   help="inline: one process; local: actor processes + learner (see docs/local.md)")
-    p.add_argument("--actors", type=int, metavar="N", help="actor processes (local schedule; default: cores - 1)")
+    # schedules (hetrl/runtime/): shorthands for --set schedule=/actors=/envs_per_actor=/ray_address=
+    p.add_argument("--schedule", choices=["inline", "local", "ray"],
+                   help="inline: one process; local: actor processes + learner (docs/local.md); "
+                        "ray: actors and a replay server on a Ray cluster (docs/ray.md)")
+    p.add_argument("--actors", type=int, metavar="N",
+                   help="actors (local: processes, default cores - 1; ray: Ray actors, default CPUs - 1)")
     p.add_argument("--envs-per-actor", type=int, metavar="M",
-                   help="envs stepped by each actor (local schedule; default: num_envs / actors)")
+                   help="envs stepped by each actor (local and ray schedules; default: num_envs / actors)")
+    p.add_argument("--address", metavar="auto|HOST:PORT",
+                   help="ray schedule: the Ray cluster to join (`ray start --head` prints it); "
+                        "default: start a local Ray")
     p.set_defaults(func=cmd_train)
 
 
@@ -148,8 +153,13 @@ def cmd_train(args) -> int:
 
 
 def _schedule_flags(args) -> dict:
-    """--schedule/--actors/--envs-per-actor as settings (they win over --set and --config)."""
-    flags = {"schedule": args.schedule, "actors": args.actors, "envs_per_actor": args.envs_per_actor}
+    """--schedule/--actors/--envs-per-actor/--address as settings (they win over --set and --config)."""
+    flags = {"schedule": args.schedule, "actors": args.actors, "envs_per_actor": args.envs_per_actor,
+             "ray_address": args.address}
+    if args.address is not None and (args.schedule or "ray") != "ray":
+        raise UsageError(f"--address joins a Ray cluster, which only --schedule ray uses (got --schedule {args.schedule})")
+    if args.address is not None:
+        flags["schedule"] = "ray"
     return {k: v for k, v in flags.items() if v is not None}
 
 
@@ -161,9 +171,9 @@ def _summary(result: dict, out: Path) -> None:
     keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "train_samples_per_s",
             "eval_return_mean", "eval_return_std", "policy", "best_env_steps", "final_eval_return_mean",
             "predicted_env_steps_per_s",
-            # local schedule figures (absent under inline)
+            # local and ray schedule figures (absent under inline)
             "actors", "envs_per_actor", "replay_ratio_achieved", "policy_staleness_mean",
-            "actor_busy_fraction", "learner_busy_fraction"]
+            "actor_busy_fraction", "learner_busy_fraction", "actor_restarts", "ray_nodes"]
     fig = {k: result[k] for k in keys if k in result}
     print(json.dumps(fig, indent=None, default=lambda v: round(v, 2)))
     print(f"hetrl: saved {out}/result.json and {out}/checkpoint.pt", file=sys.stderr)

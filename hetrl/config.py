@@ -30,7 +30,7 @@ class Config:
     steps: int = 50_000                 # total env steps
     seed: int = 0
     # system
-    schedule: str = "inline"            # inline (one process), local (actor processes); later: ray
+    schedule: str = "inline"            # inline (one process), local (actor processes), ray (a Ray cluster)
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
     num_envs: int = 8                   # envs stepped together by the actor (batched inference)
     env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
@@ -48,6 +48,10 @@ class Config:
     actor_one_thread: bool = True       # torch.set_num_threads(1) in every actor process
     preallocate: bool = True            # no per-step allocation: staging written in place, fixed batch buffers
     # --- end local schedule -------------------------------------------------------------------
+    # --- ray schedule (hetrl/runtime/ray_schedule.py; actors, envs_per_actor, rate_* as local) ---
+    ray_address: str = ""               # "" = start a local Ray; auto or HOST:PORT = join that cluster
+    ray_actor_cpus: float = 1.0         # Ray CPU resources per actor (fractions pack more actors per core)
+    replay_shards: int = 1              # replay-server Ray actors; actor i feeds shard i mod shards
     # replay
     buffer_size: int = 100_000
     batch_size: int = 64
@@ -95,12 +99,12 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _CHOICES = {
     "algo": ALGOS,
-    "schedule": ("inline", "local"),
+    "schedule": ("inline", "local", "ray"),
     "noise_type": ("normal", "ou"),
     "env_backend": ("auto", "gymnasium", "envpool"),
 }
 _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
-             "target_update_interval", "publish_interval", "log_interval")
+             "target_update_interval", "publish_interval", "log_interval", "replay_shards")
 _NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval",
                  "actors", "envs_per_actor", "insert_chunk", "rate_tolerance")  # local schedule: last 4
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -234,8 +238,16 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
         raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
-    if cfg.actors > 64:  # local schedule
-        raise UsageError(f"actors={cfg.actors} is more actor processes than hetrl supports (64); lower --actors")
+    if cfg.actors > 64 and cfg.schedule != "ray":
+        raise UsageError(f"actors={cfg.actors} is more actor processes than one machine runs well (64); lower "
+                         "--actors, or spread them over a cluster with --schedule ray")
+    if cfg.actors > 4096:
+        raise UsageError(f"actors={cfg.actors} is more than hetrl supports (4096); lower --actors")
+    if not cfg.ray_actor_cpus > 0:
+        raise UsageError(f"ray_actor_cpus must be > 0, got {cfg.ray_actor_cpus}")
+    if cfg.actors and cfg.replay_shards > cfg.actors:
+        raise UsageError(f"replay_shards={cfg.replay_shards} is more than actors={cfg.actors}: a shard no actor "
+                         "feeds would never be sampled; use at most one shard per actor")
 
 
 def settings_help() -> str:

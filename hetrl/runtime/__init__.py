@@ -1,4 +1,4 @@
-"""Schedules: realisations of the training protocol (inline, local; ray builds on them)."""
+"""Schedules: realisations of the training protocol (inline, local, ray)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ def make_schedule(cfg: Config, env: EnvSpec):
         from hetrl.runtime.local import LocalSchedule
 
         return LocalSchedule(cfg, env)
+    if cfg.schedule == "ray":  # actors and a replay server on a Ray cluster (hetrl/runtime/ray_schedule.py)
+        from hetrl.runtime.ray_schedule import RaySchedule
+
+        return RaySchedule(cfg, env)
     from hetrl.runtime.inline import InlineSchedule
 
     return InlineSchedule(cfg, env)

@@ -98,8 +98,10 @@ class Layout:
     publish_every: int             # gradient steps between parameter publications
 
 
-def layout(cfg: Config) -> Layout:
-    cores = os.cpu_count() or 1
+def layout(cfg: Config, cores: int | None = None) -> Layout:
+    """`cores`: the CPUs actors and learner share (default: this machine's; the ray schedule
+    passes its cluster's)."""
+    cores = cores or os.cpu_count() or 1
     n = cfg.actors or max(1, min(4, cores - 1))
     m = cfg.envs_per_actor or max(1, cfg.num_envs // n)
     if not cfg.batched_insert:

@@ -77,8 +77,10 @@ def const_to_fixed(x: float) -> int:
 
 def to_fixed(x, frac_bits: int) -> np.ndarray:
     """Float array -> int32 fixed point (round half to even), refusing values that do not fit."""
-    y = np.rint(np.asarray(x, dtype=np.float64) * float(1 << frac_bits))
-    if y.size and (np.abs(y).max() > INT32_MAX):
+    y = np.array(x, dtype=np.float64)  # a copy: scaled and rounded in place
+    y *= float(1 << frac_bits)
+    np.rint(y, out=y)
+    if y.size and (y.max() > INT32_MAX or y.min() < -INT32_MAX):
         raise UsageError("value does not fit the int32 fixed-point scale; use --dtype float32")
     return y.astype(np.int32)
 

@@ -22,6 +22,7 @@ GIL-bound; not fast).
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,13 +47,30 @@ def schedule(start: float, end: float | None, rounds: int, kind: str = "geometri
     return [float(start + (end - start) * t) for t in x]
 
 
+PAGE = 4096  # bytes between the memory that different workers write
+
+
 def worker_tables(workers: int, n_states: int, n_actions: int, dtype) -> np.ndarray:
-    """(W, S, A) view whose W tables are >= 128 bytes apart: no cache line (or adjacent-line
-    prefetch pair) is written by two workers, so small tables (FrozenLake: 256 B) do not
-    false-share. Each qs[w] is C-contiguous."""
+    """(W, S, A) view whose W tables are >= PAGE bytes apart, so no two share a 4 KiB page.
+
+    128 bytes (no shared cache line or adjacent-line pair) was not enough: two concurrent
+    Taxi workers whose tables shared a page ran ~6% slower than one alone, with a page
+    between them they ran as fast (docs/tabular.md). Each qs[w] is C-contiguous."""
     row = n_actions * np.dtype(dtype).itemsize
-    pad = -(-128 // row)
+    pad = -(-PAGE // row)
     return np.zeros((workers, n_states + pad, n_actions), dtype)[:, :n_states]
+
+
+def worker_rows(arrays: list) -> list:
+    """Copies of small per-worker arrays that the kernels write (RNG and env states), each in
+    its own page of one block: separate small allocations can share a cache line."""
+    arrays = [np.asarray(x) for x in arrays]
+    n = max(x.size for x in arrays)
+    block = np.zeros((len(arrays), n + -(-PAGE // arrays[0].itemsize)), arrays[0].dtype)
+    out = [block[w, :x.size] for w, x in enumerate(arrays)]
+    for dst, x in zip(out, arrays):
+        dst[:] = x.ravel()
+    return out
 
 
 @dataclass
@@ -61,6 +79,7 @@ class TrainStats:
 
     updates: int = 0
     wall_s: float = 0.0  # all rounds: table copies + kernels + merges
+    setup_s: float = 0.0  # before the rounds: int32 reward conversion (once per call, in parallel)
     kernel_s: float = 0.0  # sum over rounds of the slowest worker's kernel time
     merge_s: float = 0.0
     worker_kernel_s: list = field(default_factory=list)  # per worker, summed over rounds
@@ -137,8 +156,35 @@ def _account(stats: "TrainStats", times: list, sizes: list) -> None:
         stats.worker_updates[w] += int(sizes[w])
 
 
-def prepare_rewards(r: np.ndarray, dtype: str, frac_bits: int | None) -> np.ndarray:
-    return to_fixed(r, frac_bits) if dtype == "int32" else np.ascontiguousarray(r, np.float32)
+REWARD_CHUNK = 1 << 16  # rewards per to_fixed call: its float64 temporaries stay small
+
+
+def prepare_rewards(r: np.ndarray, dtype: str, frac_bits: int | None, bounds=None) -> np.ndarray:
+    """Rewards for the kernels: float32 as they are, or int32 fixed point (to_fixed).
+
+    The int32 conversion runs once per call, before the rounds: one thread per shard of
+    `bounds` (NumPy releases the GIL), in chunks so that no dataset-sized float64 temporary
+    is page-faulted in (10M rewards: 70 ms serial whole-array, ~20 ms this way)."""
+    if dtype != "int32":
+        return np.ascontiguousarray(r, np.float32)
+    bounds = [0, len(r)] if bounds is None else bounds
+    out = np.empty(r.shape, np.int32)
+
+    def convert(w):
+        lo, hi = int(bounds[w]), int(bounds[w + 1])
+        for i in range(lo, hi, REWARD_CHUNK):
+            j = min(i + REWARD_CHUNK, hi)
+            out[i:j] = to_fixed(r[i:j], frac_bits)
+
+    W = len(bounds) - 1
+    threads = min(W, os.cpu_count() or 1)
+    if threads == 1:
+        for w in range(W):
+            convert(w)
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as ex:
+            list(ex.map(convert, range(W)))  # list(): re-raises a worker's UsageError here
+    return out
 
 
 def train_offline(data, algo: str, dtype: str, workers: int, rounds: int, alphas: list[float],
@@ -166,11 +212,13 @@ def train_offline(data, algo: str, dtype: str, workers: int, rounds: int, alphas
         frac_bits = choose_frac_bits(data.reward_abs_max, gamma)
     q = np.zeros((nS, nA), tdt) if q_init is None else np.array(q_init, dtype=tdt)
     qs = worker_tables(W, nS, nA, tdt)
-    r = prepare_rewards(data.r, dtype, frac_bits)
     s, a, s2, a2, done = data.s, data.a, data.s2, data.a2, data.done
-    rngs = [K.rng_state(seed * 1_000_003 + 7919 * w + 1) for w in range(W)]
+    rngs = worker_rows([K.rng_state(seed * 1_000_003 + 7919 * w + 1) for w in range(W)])
     epsilons = epsilons or [0.0] * rounds
     stats = TrainStats(worker_kernel_s=[0.0] * W, worker_cpu_s=[0.0] * W, worker_updates=[0] * W)
+    t_setup = time.perf_counter()  # once per call, before the timed rounds
+    r = prepare_rewards(data.r, dtype, frac_bits, bounds)
+    stats.setup_s = time.perf_counter() - t_setup
     pol = algo == "sarsa" and sarsa_next == "policy"
 
     def consts(rnd):
@@ -241,14 +289,14 @@ def train_online(info, algo: str, dtype: str, workers: int, steps_per_worker: in
     q = np.zeros((nS, nA), tdt)
     qs = worker_tables(W, nS, nA, tdt)
     stats = TrainStats(worker_kernel_s=[0.0] * W, worker_cpu_s=[0.0] * W, worker_updates=[0] * W)
-    rngs = [K.rng_state(seed * 1_000_003 + 7919 * w + 2) for w in range(W)]
+    rngs = worker_rows([K.rng_state(seed * 1_000_003 + 7919 * w + 2) for w in range(W)])
     sarsa = algo == "sarsa"
     if use_model:
         m = info.model
         if dtype == "int32" and frac_bits is None:
             frac_bits = choose_frac_bits(m.reward_abs_max, gamma)
-        env_states = [np.array([-1, 0, -1], np.int64) for _ in range(W)]
-        ep_stats = [np.zeros(3, np.float64) for _ in range(W)]
+        env_states = worker_rows([np.array([-1, 0, -1], np.int64)] * W)
+        ep_stats = worker_rows([np.zeros(3, np.float64)] * W)
         rew_fp = to_fixed(m.reward, frac_bits) if dtype == "int32" else None
 
         def work(w, rnd, steps=steps_per_worker):

@@ -1,0 +1,146 @@
+"""The replay server: replay manager + data storage + rate limiter behind one lock (seeds/004).
+
+Remote actors push batches of transitions with ``insert``; the learner asks for ready batches
+with ``sample`` (prioritised sampling, importance weights and the row gather all happen here,
+server-side) and sends its TD errors back with ``update_priorities``, which write into the one
+sum tree ``sample`` reads.  The rate limiter (Reverb's ``SampleToInsertRatio``, counting env
+steps inserted and transitions sampled) lives here too: an insert that would put the actors
+too far ahead waits, a sample that would put the learner too far ahead waits; both give up
+after ``timeout`` seconds and answer ``None`` so the caller can look at its other work.
+
+The class is plain Python and thread-safe (one ``threading.Condition``): the ray schedule
+serves it as a threaded Ray actor (``hetrl/runtime/ray_schedule.py``), so several actors'
+inserts and the learner's samples may wait at the same time without blocking each other's
+progress; it is equally usable in one process (the tests do both).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from hetrl.replay.buffer import ReplayBuffer
+from hetrl.replay.rate_limiter import RatioRule
+from hetrl.replay.storage import Spec
+
+
+class ReplayServer:
+    """A prioritised (or uniform) replay with a sample-to-insert rate limiter, served to many clients.
+
+    Args:
+        capacity, spec, prioritized, alpha, beta, seed: as :class:`ReplayBuffer` (CPU storage).
+        samples_per_insert: target transitions sampled per env step inserted (replay ratio x batch).
+        min_size: env steps inserted before the first sample.
+        error_buffer: how far (in samples) either side may run ahead of the ratio (Reverb's).
+        rate_limit: False = no waiting (samples only need ``min_size`` and a non-empty replay).
+    """
+
+    def __init__(self, capacity: int, spec: Spec, *, prioritized: bool = False, alpha: float = 0.6,
+                 beta: float = 0.4, seed: int | None = None, samples_per_insert: float = 1.0,
+                 min_size: int = 1, error_buffer: float | tuple[float, float] = 1.0, rate_limit: bool = True):
+        self.replay = ReplayBuffer(capacity, spec, "cpu", prioritized=prioritized, alpha=alpha, beta=beta, seed=seed)
+        self.rule = RatioRule.from_error_buffer(samples_per_insert, min_size, error_buffer)
+        self.rate_limit = bool(rate_limit)
+        self.inserts = 0          # env steps inserted (the rate limiter's unit)
+        self.samples = 0          # transitions sampled
+        self.rows = 0             # transitions stored (differs from env steps under n-step)
+        self.insert_calls = 0
+        self.sample_calls = 0
+        self.insert_wait_s = 0.0  # time inserts waited for the learner
+        self.sample_wait_s = 0.0  # time samples waited for the actors
+        self.closed = False
+        self._cond = threading.Condition()
+
+    # ---- the protocol ---------------------------------------------------------------------------
+    def insert(self, batch: dict[str, np.ndarray], steps: int | None = None,
+               timeout: float | None = None) -> dict | None:
+        """Store a batch of transitions that took `steps` env steps (default: its rows).
+
+        Waits while the rate limiter holds actors back; returns the counters after the insert
+        (the acknowledgement: the data is in), or None on timeout or after close()."""
+        rows = len(batch["obs"]) if batch else 0
+        steps = rows if steps is None else int(steps)
+        t0 = time.perf_counter()
+        with self._cond:
+            if self.rate_limit and not self._cond.wait_for(
+                    lambda: self.closed or self.rule.can_insert(self.inserts, self.samples, steps), timeout):
+                return None
+            if self.closed:
+                return None
+            self.insert_wait_s += time.perf_counter() - t0
+            if rows:
+                self.replay.insert(batch)
+            self.inserts += steps
+            self.rows += rows
+            self.insert_calls += 1
+            self._cond.notify_all()
+            return self._counters()
+
+    def sample(self, batches: int, batch_size: int, beta: float | None = None, timeout: float | None = None):
+        """Draw `batches` batches of `batch_size`: ``(stack, keys, weights, counters)`` with stack
+        ``{field: (batches, batch_size, ...)}`` NumPy arrays, keys ``(batches * batch_size,)`` and
+        weights ``(batches, batch_size)`` float32; None when the rate limiter does not allow it
+        within `timeout` seconds, or after close()."""
+        n = int(batches) * int(batch_size)
+        t0 = time.perf_counter()
+        with self._cond:
+            def allowed() -> bool:
+                if len(self.replay) == 0 or self.inserts < self.rule.min_size_to_sample:
+                    return False
+                return not self.rate_limit or self.rule.can_sample(self.inserts, self.samples, n)
+
+            if not self._cond.wait_for(lambda: self.closed or allowed(), timeout) or self.closed:
+                return None
+            self.sample_wait_s += time.perf_counter() - t0
+            if beta is not None:
+                self.replay.set_beta(beta)
+            batch, keys, weights = self.replay.sample(n)
+            self.samples += n
+            self.sample_calls += 1
+            self._cond.notify_all()
+            stack = {k: v.numpy().reshape(batches, batch_size, *v.shape[1:]) for k, v in batch.items()}
+            return stack, keys, weights.numpy().reshape(batches, batch_size), self._counters()
+
+    def update_priorities(self, keys: np.ndarray, td_errors: np.ndarray) -> None:
+        """The learner's |TD| for sampled keys, into the tree that samples (one per key)."""
+        with self._cond:
+            self.replay.update_priorities(keys, td_errors)
+
+    # ---- state ------------------------------------------------------------------------------------
+    def _counters(self) -> dict:
+        return {"inserts": self.inserts, "samples": self.samples, "size": len(self.replay), "rows": self.rows}
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {**self._counters(), "insert_calls": self.insert_calls, "sample_calls": self.sample_calls,
+                    "insert_wait_s": self.insert_wait_s, "sample_wait_s": self.sample_wait_s,
+                    "capacity": self.replay.capacity, "prioritized": self.replay.prioritized}
+
+    def set_counters(self, inserts: int, samples: int) -> None:
+        """Restore the rate limiter's counters (after a resume)."""
+        with self._cond:
+            self.inserts, self.samples = int(inserts), int(samples)
+            self._cond.notify_all()
+
+    def state_dict(self) -> dict:
+        with self._cond:
+            return {"replay": self.replay.state_dict(), "inserts": self.inserts, "samples": self.samples,
+                    "rows": self.rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._cond:
+            self.replay.load_state_dict(state["replay"])
+            self.inserts, self.samples = int(state["inserts"]), int(state["samples"])
+            self.rows = int(state.get("rows", len(self.replay)))
+            self._cond.notify_all()
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        """Wake every waiting call; they and later ones answer None."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()

@@ -1,0 +1,544 @@
+"""The ray schedule: actors on any node of a Ray cluster, a replay server they and the learner share.
+
+    hetrl train dqn --env CartPole-v1 --schedule ray [--address auto|HOST:PORT] [--actors N]
+
+The same parts and the same algorithm code as the inline and local schedules, as Ray actors:
+
+* N actors (hetrl/runtime/ray_actor.py), each a Ray actor with `ray_actor_cpus` CPUs, placed by
+  Ray on any node; each steps `envs_per_actor` envs and pushes its chunks of transitions
+  straight to its replay shard.
+* The replay server (hetrl/replay/server.py, seeds/004): replay manager + data storage + rate
+  limiter as a threaded Ray actor (`replay_shards` of them for large clusters; actor i feeds
+  shard i mod S, the learner samples the shards in turn).  Prioritised sampling is done there:
+  the learner receives a ready batch with its keys and importance weights, and sends |TD|
+  back to the tree that sampled it.  The server's rate limiter makes an insert wait while the
+  actors are ahead, a sample wait while the learner is ahead (Reverb's rule, as in local).
+* The learner is this (driver) process, as in the local schedule: it keeps one sample request
+  in flight while it learns (prefetch), and publishes weights with one `ray.put` every
+  `publish_interval` x `gradient_steps` updates: one object in the object store that every
+  actor reads (a broadcast), fetched by an actor only when newer than what it acts with.
+  To put the learner on a GPU node, run the driver there (on the head node, or submit it with
+  `ray job submit --entrypoint-num-gpus 1 -- hetrl train ... --schedule ray`).
+
+Fault tolerance: an actor that dies (its node lost, a crash, `ray.kill`) is replaced by a new
+Ray actor, placed wherever the cluster has CPUs, with fresh env seeds, and the run goes on; the learner counts
+env steps from the server's acknowledgements, so what the server acknowledged is in the replay
+and counted, and a chunk lost with its actor is simply collected again.  The server's
+contents go into the run's checkpoint with --save-replay, and `--resume` restores them.
+
+Without `ray_address` (`--address`) a local Ray instance is started (and stopped at the end);
+an already initialised Ray (`ray.init` in the caller) is used as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from hetrl.actors import probe_spaces
+from hetrl.actors.envs import EnvSpec
+from hetrl.algos import make_algorithm, replay_spec
+from hetrl.config import Config
+from hetrl.errors import HetrlError, UsageError
+from hetrl.replay.server import ReplayServer
+from hetrl.runtime.inline import resolve_device
+from hetrl.runtime.local import LocalCounters, layout
+
+PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
+SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
+MAX_RESTARTS = 5          # per actor, before the run gives up
+IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--schedule ray needs Ray: pip install 'hetrl[ray]' (or pip install ray)") from None
+    return ray
+
+
+_started = False  # whether hetrl started the Ray it is connected to (then it stops it too)
+
+
+def connect(cfg: Config):
+    """Ray, initialised: the caller's if it called ray.init, else the cluster at cfg.ray_address,
+    else a local Ray started here (one node, this machine's CPUs)."""
+    global _started
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    kw = dict(include_dashboard=False, log_to_driver=True, logging_level="warning")
+    if cfg.ray_address:
+        try:
+            ray.init(address=cfg.ray_address, **kw)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise UsageError(f"cannot connect to the Ray cluster at {cfg.ray_address!r}: {e}; start one with "
+                             "`ray start --head` (README: Ray) or drop --address to start a local one") from None
+    else:
+        ray.init(num_cpus=os.cpu_count() or 1, **kw)
+        _started = True
+    return ray
+
+
+def disconnect() -> None:
+    """Stop the Ray that connect() started (a cluster or the caller's Ray is left running)."""
+    global _started
+    if _started:
+        import ray
+
+        ray.shutdown()
+        _started = False
+
+
+def cluster_cpus() -> int:
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+@dataclass
+class RayCounters(LocalCounters):
+    requested: int = 0             # transitions asked from the server, including a prefetch in flight
+
+
+class _Slot:
+    """The learner's view of one Ray actor."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.handle = None
+        self.calls: dict = {}          # ObjectRef -> env steps granted
+        self.restarts = 0
+        self.where: dict = {}
+
+
+class ShardedReplay:
+    """The learner's handle on the replay shards (Ray actors serving ReplayServer)."""
+
+    def __init__(self, handles: list):
+        self.handles = handles
+        self.next = 0                  # the shard the next sample comes from
+
+    def state_dict(self) -> dict:
+        """One shard: the ReplayBuffer's own state (the same file as the other schedules write)."""
+        import ray
+
+        states = ray.get([h.state_dict.remote() for h in self.handles])
+        if len(states) == 1:
+            return states[0]["replay"]
+        return {"shards": states}
+
+    def load_state_dict(self, state: dict) -> None:
+        import ray
+
+        if "shards" in state:
+            if len(state["shards"]) != len(self.handles):
+                raise UsageError(f"the saved replay has {len(state['shards'])} shards, this run has "
+                                 f"{len(self.handles)}: set replay_shards={len(state['shards'])}")
+            ray.get([h.load_state_dict.remote(s) for h, s in zip(self.handles, state["shards"])])
+        elif len(self.handles) == 1:
+            ray.get(self.handles[0].load_replay.remote(state))
+        else:
+            raise UsageError("the saved replay is one buffer; resume it with replay_shards=1")
+
+    def __len__(self) -> int:
+        import ray
+
+        return sum(s["size"] for s in ray.get([h.stats.remote() for h in self.handles]))
+
+
+class _Server(ReplayServer):
+    """ReplayServer plus the calls the ray schedule needs."""
+
+    def load_replay(self, replay_state: dict) -> None:
+        with self._cond:
+            self.replay.load_state_dict(replay_state)
+            self.rows = len(self.replay)
+            self._cond.notify_all()
+
+
+class RaySchedule:
+    name = "ray"
+
+    def __init__(self, cfg: Config, env: EnvSpec):
+        ray = import_ray()
+        self.cfg, self.env = cfg, env
+        self._closed = False
+        self.slots: list[_Slot] = []
+        self.servers: list = []
+        connect(cfg)
+        lay = layout(cfg, cores=cluster_cpus())
+        # the learner's threads: this machine's cores the actors leave free (all of them when
+        # the actors fit elsewhere is not known before Ray places them: assume they are here)
+        local = os.cpu_count() or 1
+        self.lay = lay = replace(lay, learner_threads=cfg.threads or max(1, min(local - lay.actors, lay.learner_threads)))
+        if cfg.replay_shards > lay.actors:
+            self.close()
+            raise UsageError(f"replay_shards={cfg.replay_shards} is more than the {lay.actors} actors: a shard no "
+                             "actor feeds would never be sampled; use at most one shard per actor")
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(lay.learner_threads)
+        torch.set_flush_denormal(True)  # denormal Adam moments make CPU arithmetic ~5x slower
+        self.device = resolve_device(cfg.device)
+        self.obs_space, self.act_space = probe_spaces(env)
+        self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
+        self.spec = replay_spec(self.obs_space, self.act_space)
+        self.c = RayCounters()
+        self._episodes: list[tuple[float, int]] = []
+        self._pending = None            # (shard, ObjectRef, transitions) of a sample request in flight
+        self._reserved = 0              # env steps granted to collect calls in flight
+        self._shard_inserts = [0] * cfg.replay_shards
+        self._finished = False
+        self._published_at = 0
+        self._prio_refs: list = []
+        self.startup_s = 0.0
+        self._check_resources(ray)
+        t0 = time.perf_counter()
+        self._start_servers(ray)
+        self._publish(ray)
+        self.slots = [_Slot(i) for i in range(lay.actors)]
+        for s in self.slots:
+            self._spawn(ray, s)
+        self._wait_ready(ray)
+        self.startup_s = time.perf_counter() - t0
+
+    # ---- cluster ------------------------------------------------------------------------------------
+    def _check_resources(self, ray) -> None:
+        cfg, lay = self.cfg, self.lay
+        cpus = ray.cluster_resources().get("CPU", 0)
+        need = lay.actors * cfg.ray_actor_cpus
+        if need > cpus + 1e-9:
+            self.close()
+            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.ray_actor_cpus:g} need {need:g} CPUs but the "
+                             f"Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
+                             f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
+
+    def _start_servers(self, ray) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cfg, lay = self.cfg, self.lay
+        S = cfg.replay_shards
+        here = ray.get_runtime_context().get_node_id()
+        remote = ray.remote(num_cpus=0, max_concurrency=lay.actors + 8, max_restarts=0)(_Server)
+        # the shards sit on the learner's node (soft: elsewhere if it cannot host them), so sampled
+        # batches reach the learner through local shared memory
+        where = NodeAffinitySchedulingStrategy(node_id=here, soft=True)
+        per = -(-cfg.buffer_size // S)
+        min_size = max(1, -(-lay.min_size // S))
+        self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
+            per, self.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
+            seed=cfg.seed + 7 * i, samples_per_insert=lay.spi, min_size=min_size,
+            error_buffer=max(lay.error_buffer / S, 2 * max(1.0, lay.spi)), rate_limit=cfg.rate_limit)
+            for i in range(S)]
+        self.replay = ShardedReplay(self.servers)
+
+    def _spawn(self, ray, s: _Slot) -> None:
+        from hetrl.runtime.ray_actor import RayActor
+
+        cfg, lay = self.cfg, self.lay
+        # a replacement (after a crash, or a resume) gets seeds for the step count: new episodes
+        seed = cfg.seed + 1000 * s.index + self.c.env_steps + 7919 * s.restarts
+        remote = ray.remote(num_cpus=cfg.ray_actor_cpus, max_restarts=0)(RayActor)
+        s.handle = remote.remote(s.index, cfg, self.env, self.algo.make_policy(seed=seed + 1),
+                                 lay.envs_per_actor, seed, self.servers[s.index % len(self.servers)],
+                                 cfg.actor_one_thread)
+        s.calls = {}
+
+    def _wait_ready(self, ray) -> None:
+        try:
+            wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=300)
+        except Exception as e:
+            self.close()
+            raise self._error(e, "while starting") from None
+        for s, w in zip(self.slots, wheres):
+            s.where = w
+
+    def nodes(self) -> list[str]:
+        return sorted({s.where.get("node", "?") for s in self.slots})
+
+    def _publish(self, ray) -> None:
+        state = {k: v.detach().to("cpu") for k, v in self.algo.policy_state().items()}
+        self._params = (self.c.params_version, [ray.put(state)])
+
+    # ---- the learner's loop ---------------------------------------------------------------------
+    def phase(self) -> list[tuple[float, int]]:
+        import ray
+
+        if self._closed:
+            raise HetrlError("this ray schedule was closed; make a new Run")
+        t_end = time.perf_counter() + PHASE_S
+        while not self._check_finished():
+            self._grant()
+            if not self._learn_step():
+                refs = self._refs()
+                if refs:
+                    t0 = time.perf_counter()
+                    ray.wait(refs, num_returns=1, timeout=PHASE_S)
+                    self.c.learner_wait_s += time.perf_counter() - t0
+            self._harvest()
+            if time.perf_counter() >= t_end:
+                break
+        eps, self._episodes = self._episodes, []
+        return eps
+
+    def done(self) -> bool:
+        return self._check_finished()
+
+    def _refs(self) -> list:
+        refs = [r for s in self.slots for r in s.calls]
+        if self._pending is not None:
+            refs.append(self._pending[1])
+        return refs
+
+    @property
+    def _offset(self) -> float:
+        return self.lay.spi * self.lay.min_size
+
+    def _owed(self) -> float:
+        """Transitions the learner may still ask for in this run (the preset's replay ratio)."""
+        total = max(self.cfg.steps, self.c.env_steps) * self.lay.spi - self._offset
+        return total - self.c.requested
+
+    def _check_finished(self) -> bool:
+        if self._finished:
+            return True
+        c, cfg = self.c, self.cfg
+        if c.env_steps < cfg.steps or self._pending is not None:
+            return False
+        if cfg.rate_limit and c.env_steps >= self.lay.min_size and self._owed() >= cfg.batch_size:
+            return False
+        self._finished = True
+        self._stop_actors()
+        return True
+
+    def _grant(self) -> None:
+        lay = self.lay
+        m = lay.envs_per_actor
+        for s in self.slots:
+            while len(s.calls) < IN_FLIGHT:
+                left = self.cfg.steps - self.c.env_steps - self._reserved
+                if left <= 0:
+                    return
+                n = -(-min(lay.chunk, left) // m) * m
+                base = self.c.env_steps + self._reserved
+                table = [self.algo.exploration(base + k * m) for k in range(n // m)]
+                ref = s.handle.collect.remote(n, table, self._params)
+                s.calls[ref] = n
+                self._reserved += n
+
+    def _harvest(self) -> None:
+        import ray
+
+        for s in self.slots:
+            if not s.calls:
+                continue
+            ready, _ = ray.wait(list(s.calls), num_returns=len(s.calls), timeout=0)
+            for ref in ready:
+                n = s.calls.pop(ref)
+                self._reserved -= n
+                try:
+                    steps, rows, version, episodes, busy, counters = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self._on_actor_death(s, e)
+                    break
+                except Exception as e:  # an error inside the actor: raise it here with its message
+                    self.close()
+                    raise self._error(e, f"(actor {s.index})") from None
+                c = self.c
+                if counters is not None:
+                    shard = s.index % len(self.servers)
+                    self._count_inserts(shard, counters["inserts"])
+                c.acting_s += busy
+                c.insert_messages += 1
+                c.staleness_sum += (c.params_version - version) * steps
+                c.staleness_steps += steps
+                self._episodes.extend(episodes)
+
+    def _count_inserts(self, shard: int, inserts: int) -> None:
+        """Env steps come from the servers' acknowledgements (a chunk lost with its actor is not counted)."""
+        if inserts > self._shard_inserts[shard]:
+            before = self.c.env_steps
+            self._shard_inserts[shard] = inserts
+            self.c.env_steps = sum(self._shard_inserts)
+            self.algo.on_env_steps(before, self.c.env_steps)
+
+    def _on_actor_death(self, s: _Slot, err) -> None:
+        """A new actor takes the dead one's place (Ray places it wherever there are CPUs, e.g. when
+        its node was lost); its calls in flight are lost: their env steps are granted again."""
+        for ref, n in s.calls.items():
+            self._reserved -= n
+        s.calls = {}
+        s.restarts += 1
+        self.c.restarts += 1
+        if s.restarts > MAX_RESTARTS:
+            self.close()
+            raise HetrlError(f"actor {s.index} died {s.restarts} times: giving up ({err.__class__.__name__})")
+        print(f"hetrl: actor {s.index} died ({err.__class__.__name__}); starting a new one "
+              f"(restart {s.restarts} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
+        import ray
+
+        self._spawn(ray, s)
+
+    # learning -----------------------------------------------------------------------------------------
+    def _request(self) -> None:
+        """Ask the next shard for a group of batches (the server waits until its rate limiter allows)."""
+        cfg, B = self.cfg, self.cfg.batch_size
+        if self._pending is not None or self.c.env_steps < self.lay.min_size:
+            return
+        g = int(min(self.lay.group, self._owed() // B)) if cfg.rate_limit else self.lay.group
+        if g <= 0:
+            return
+        beta = None
+        if cfg.prioritized:
+            beta = cfg.per_beta + min(1.0, self.c.env_steps / cfg.steps) * (1.0 - cfg.per_beta)
+        shard = self.replay.next
+        self.replay.next = (shard + 1) % len(self.servers)
+        ref = self.servers[shard].sample.remote(g, B, beta, SAMPLE_WAIT_S)
+        self._pending = (shard, ref, g * B)
+        self.c.requested += g * B
+
+    def _learn_step(self) -> bool:
+        import ray
+
+        self._request()
+        if self._pending is None:
+            return False
+        shard, ref, n = self._pending
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            return False
+        t0 = time.perf_counter()
+        got = ray.get(ref)
+        self._pending = None
+        if got is None:  # the rate limiter held it: ask again later
+            self.c.requested -= n
+            return False
+        stack, keys, weights, counters = got
+        self._count_inserts(shard, counters["inserts"])
+        self._request() if self.cfg.prefetch else None  # the next group is drawn while this one is learned
+        t1 = time.perf_counter()
+        g = weights.shape[0]
+        batch = {k: _tensor(v) for k, v in stack.items()}
+        td = self.algo.learn(batch, _tensor(weights))
+        t2 = time.perf_counter()
+        c = self.c
+        c.learner_s += t2 - t1
+        c.replay_s += t1 - t0
+        c.gradient_steps += g
+        c.samples += n
+        c.phases += 1
+        if self.cfg.prioritized:
+            self._prio_refs.append(self.servers[shard].update_priorities.remote(keys, td.detach().cpu().numpy().reshape(-1)))
+            if len(self._prio_refs) > 16:  # surface errors and bound what is in flight
+                ray.get(self._prio_refs[:8])
+                del self._prio_refs[:8]
+        if c.gradient_steps - self._published_at >= self.lay.publish_every:
+            c.params_version += 1
+            self._publish(ray)
+            self._published_at = c.gradient_steps
+        return True
+
+    # ---- life cycle -----------------------------------------------------------------------------------
+    def _error(self, e: Exception, where: str) -> Exception:
+        import ray
+
+        cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
+        if isinstance(cause, UsageError):
+            return UsageError(str(cause))
+        return HetrlError(f"a Ray actor failed {where}: {e}")
+
+    def actor_handles(self) -> list:
+        return [s.handle for s in self.slots]
+
+    def _stop_actors(self) -> None:
+        import ray
+
+        for s in getattr(self, "slots", []):
+            if s.handle is not None:
+                try:
+                    ray.kill(s.handle, no_restart=True)
+                except Exception:
+                    pass
+                s.handle, s.calls = None, {}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        self._stop_actors()
+        for h in getattr(self, "servers", []):
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+        disconnect()
+
+    # ---- figures and state ----------------------------------------------------------------------
+    def figures(self) -> dict:
+        c, B, lay = self.c, self.cfg.batch_size, self.lay
+        wall = c.wall_s
+        return {"env_steps": c.env_steps, "gradient_steps": c.gradient_steps, "wall_s": wall,
+                "env_steps_per_s": c.env_steps / wall if wall else 0.0,
+                "train_samples_per_s": B * c.gradient_steps / c.learner_s if c.learner_s else 0.0,
+                "train_samples_per_wall_s": B * c.gradient_steps / wall if wall else 0.0,
+                "learner_busy_s": c.learner_s, "acting_s": c.acting_s, "replay_busy_s": c.replay_s,
+                "replay_ratio_achieved": c.gradient_steps / c.env_steps if c.env_steps else 0.0,
+                "replay_ratio_target": self.cfg.replay_ratio, "params_version": c.params_version,
+                "schedule": "ray", "actors": lay.actors, "envs_per_actor": lay.envs_per_actor,
+                "insert_chunk": lay.chunk, "replay_shards": len(self.servers), "ray_nodes": len(self.nodes()),
+                "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0,
+                "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
+                "learner_wait_s": c.learner_wait_s,
+                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
+                "actor_restarts": c.restarts, "startup_s": self.startup_s}
+
+    def state_dict(self, with_replay: bool) -> dict:
+        counters = asdict(self.c)
+        counters["samples"] = counters["requested"] = self.c.gradient_steps * self.cfg.batch_size
+        state = {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
+        if with_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        import ray
+
+        if self.c.env_steps or self.c.gradient_steps:
+            raise HetrlError("load_state_dict must come before the first phase() of a ray schedule")
+        self.algo.load_state_dict(state["algo"])
+        known = {f.name for f in fields(RayCounters)}
+        self.c = RayCounters(**{k: v for k, v in state["counters"].items() if k in known})
+        self.c.samples = self.c.requested = self.c.gradient_steps * self.cfg.batch_size
+        torch.set_rng_state(state["torch_rng"])
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+        # the rate limiter continues from the run's counters, spread over the shards
+        S = len(self.servers)
+        self._shard_inserts = [self.c.env_steps // S + (i < self.c.env_steps % S) for i in range(S)]
+        ray.get([h.set_counters.remote(self._shard_inserts[i], self.c.samples // S)
+                 for i, h in enumerate(self.servers)])
+        self.c.params_version += 1
+        self._publish(ray)
+        self._published_at = self.c.gradient_steps
+        # actors started with seeds for step 0: start new ones with seeds for this step count
+        self._stop_actors()
+        for s in self.slots:
+            self._spawn(ray, s)
+        self._wait_ready(ray)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor over a NumPy array from Ray's object store (read-only memory: the learner only reads it)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
+        return torch.from_numpy(a)
