@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -113,11 +114,47 @@ def test_killed_actor_is_replaced_and_the_run_finishes(local_ray):
     run.learn(progress=False)
     f = s.figures()
     assert f["env_steps"] >= 6000 and f["actor_restarts"] >= 1
+    assert not _alive(pid)                                # the victim is gone, a new actor did its work
+    run.schedule.close()
+
+
+@pytest.mark.ray
+def test_sigterm_stops_a_ray_run_with_a_checkpoint(local_ray, tmp_path):
+    import os
+    import signal
+
+    from hetrl.api import Run
+    from hetrl.config import make_config
+
+    cfg = make_config("dqn", "CartPole-v1", {"steps": 10**6, "schedule": "ray", "actors": 1, "learning_starts": 500,
+                                              "eval_episodes": 0})
+    out = tmp_path / "run"
+    out.mkdir()
+    run = Run(cfg, "CartPole-v1", out)
+    pids = [s.where["pid"] for s in run.schedule.slots]
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        run.learn(progress=False)
+    finally:
+        timer.cancel()
+        run.schedule.close()
+    assert run.interrupted and (out / "checkpoint.pt").is_file()
+    assert 0 < run.result["env_steps"] < 10**6
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "actor processes left behind"
+
+
+def _alive(pid: int) -> bool:
     import os
 
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)                                   # the victim is gone, a new actor did its work
-    run.schedule.close()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.ray

@@ -246,9 +246,7 @@ class LocalSchedule:
         self.startup_s = 0.0
         self._fleet = _Fleet()
         self._finalizer = weakref.finalize(self, self._fleet.shutdown)
-        self._old_sigterm = None
-        if threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_sigint)
+        self._old_sigterm = sigterm_as_sigint()
         self._start_actors()
 
     # ---- actors ------------------------------------------------------------------------------
@@ -649,8 +647,21 @@ def _main_not_reimported(env):
 
 def _sigterm_to_sigint(signum, frame) -> None:
     """SIGTERM stops a run like Ctrl-C: Run.learn's SIGINT handler stops at the end of the phase
-    and saves a checkpoint (outside Run.learn, the default SIGINT handler raises KeyboardInterrupt)."""
-    signal.raise_signal(signal.SIGINT)
+    and saves a checkpoint (outside Run.learn, the default SIGINT handler raises KeyboardInterrupt).
+    Where SIGINT is ignored (a background job of a shell script), SIGTERM keeps its default
+    meaning: terminate."""
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.raise_signal(signal.SIGINT)
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+
+def sigterm_as_sigint():
+    """Install _sigterm_to_sigint (main thread only); returns the old handler, or None."""
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, _sigterm_to_sigint)
+    return None
 
 
 class _BatchSource:

@@ -47,7 +47,7 @@ from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay.server import ReplayServer
 from hetrl.runtime.inline import resolve_device
-from hetrl.runtime.local import LocalCounters, layout
+from hetrl.runtime.local import LocalCounters, layout, sigterm_as_sigint
 
 PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
@@ -169,9 +169,10 @@ class RaySchedule:
     def __init__(self, cfg: Config, env: EnvSpec):
         ray = import_ray()
         self.cfg, self.env = cfg, env
-        self._closed = False
+        self._closed, self._old_sigterm = False, None
         self.slots: list[_Slot] = []
         self.servers: list = []
+        self._old_sigterm = sigterm_as_sigint()  # SIGTERM: stop like Ctrl-C, with a checkpoint
         connect(cfg)
         lay = layout(cfg, cores=cluster_cpus())
         # the learner's threads: this machine's cores the actors leave free (all of them when
@@ -474,6 +475,11 @@ class RaySchedule:
         import ray
 
         self._stop_actors()
+        if self._old_sigterm is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
         for h in getattr(self, "servers", []):
             try:
                 ray.kill(h, no_restart=True)
