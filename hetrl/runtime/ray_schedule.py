@@ -52,6 +52,7 @@ from hetrl.runtime.local import LocalCounters, layout, sigterm_as_sigint
 PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
 MAX_RESTARTS = 5          # per actor, before the run gives up
+PER_GROUP = 8            # prioritised: batches per sample call (their priorities are updated together)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
 
 
@@ -178,7 +179,17 @@ class RaySchedule:
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
         local = os.cpu_count() or 1
-        self.lay = lay = replace(lay, learner_threads=cfg.threads or max(1, min(local - lay.actors, lay.learner_threads)))
+        # prioritised replay: the local schedule samples one batch per priority update (exact);
+        # here every sample is a remote call (~ms), so up to PER_GROUP batches are drawn together
+        # and their priorities written back after the group is learned (PEARL's relaxed
+        # sample / priority-update dependency)
+        per_phase = cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq
+        group = lay.group if not cfg.prioritized else max(1, min(PER_GROUP, per_phase))
+        self.lay = lay = replace(lay, group=group,
+                                 # the window must hold every actor's chunk plus one group, or both sides wait
+                                 error_buffer=max(lay.error_buffer, lay.spi * lay.actors * lay.chunk
+                                                  + group * cfg.batch_size),
+                                 learner_threads=cfg.threads or max(1, min(local - lay.actors, lay.learner_threads)))
         if cfg.replay_shards > lay.actors:
             self.close()
             raise UsageError(f"replay_shards={cfg.replay_shards} is more than the {lay.actors} actors: a shard no "
