@@ -100,6 +100,7 @@ def run_config(data, algo, dtype, backend, W, rounds, alpha, gamma, bits):
     return q, {
         "other_cores": max(0.0, ((j1 - j0) / hz - own) / wall),  # load of other processes (10 ms ticks)
         "updates": st.updates, "wall_s": st.wall_s, "updates_per_s": st.updates / st.wall_s,
+        "setup_s": st.setup_s,  # int32 reward conversion, once per call before the rounds (not in wall_s)
         "kernel_s": st.kernel_s, "merge_s": st.merge_s,
         "worker_kernel_updates_per_s": [u / t for u, t in zip(st.worker_updates, st.worker_kernel_s)],
         # updates per second of CPU time each worker thread actually got: what a worker does
@@ -107,8 +108,9 @@ def run_config(data, algo, dtype, backend, W, rounds, alpha, gamma, bits):
         "worker_cpu_updates_per_s": [u / c if c > 0 else None for u, c in zip(st.worker_updates, st.worker_cpu_s)],
         # share of the kernel time during which >= 2 workers ran at once (GIL released)
         "overlap_fraction": st.overlap_s / st.kernel_s if W > 1 and st.kernel_s > 0 else None,
-        # process CPU / wall of the whole call (incl. the serial int32 reward conversion before
-        # the rounds): ~W when the W threads ran in parallel, lower under other load
+        # process CPU / wall of the whole call (incl. the set-up before the rounds, e.g. the
+        # int32 reward conversion, which the W threads share): ~W when the W threads ran in
+        # parallel, lower under other load
         "cpu_per_wall": own / wall,
     }
 
@@ -130,6 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--study", choices=("scaling", "learning", "merge"), default="scaling")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="before each measured run wait up to S s for the other processes to leave the CPUs idle")
+    ap.add_argument("--max-other", type=float, default=None, metavar="C",
+                    help="redo a repeat (all worker counts, up to 3 more times) when other processes held more "
+                         "than C cores during one of its runs; the JSON keeps the discarded runs")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.study == "learning":
@@ -164,14 +169,22 @@ def main(argv=None) -> int:
                 tables = {}
                 # warm-up (compile / load cache) outside the measurements
                 run_config(data.slice(0, min(n, 10_000)), args.algo, dtype, backend, 1, 1, alpha, gamma, bits)
+                discarded = []
                 for rep in range(repeats):
-                    for W in workers:  # interleaved: every W sees the same background load
-                        waited = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else 0.0
-                        q, m = run_config(data, args.algo, dtype, backend, W, args.rounds, alpha, gamma,
-                                          bits if dtype == "int32" else None)
-                        m["waited_s"] = waited
-                        runs[W].append(m)
-                        tables[W] = q
+                    tries = 4 if args.max_other is not None else 1
+                    for attempt in range(tries):
+                        ms = {}
+                        for W in workers:  # interleaved: every W sees the same background load
+                            waited = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else 0.0
+                            tables[W], ms[W] = run_config(data, args.algo, dtype, backend, W, args.rounds, alpha,
+                                                          gamma, bits if dtype == "int32" else None)
+                            ms[W]["waited_s"] = waited
+                        busy = args.max_other is not None and max(m["other_cores"] for m in ms.values()) > args.max_other
+                        if not busy or attempt == tries - 1:
+                            break
+                        discarded.append(ms)
+                    for W in workers:
+                        runs[W].append(ms[W])
                 for W in workers:
                     ups = [m["updates_per_s"] for m in runs[W]]
                     best = max(ups)
@@ -189,6 +202,7 @@ def main(argv=None) -> int:
                         "updates_per_s_per_worker": best / W,
                         "cpu_per_wall": best_run["cpu_per_wall"], "other_cores": best_run["other_cores"],
                         "eval_return_mean": ev["eval_return_mean"], "repeats": runs[W],
+                        "discarded_busy_repeats": [d[W] for d in discarded],
                     }
                     results.append(row)
                 base = {r["workers"]: r["updates_per_s"] for r in results
@@ -282,6 +296,7 @@ def main(argv=None) -> int:
                     "python": platform.python_version(), "numpy": np.__version__,
                     "numba": __import__("numba").__version__},
         "env": args.env, "env_id": info.env_id, "algo": args.algo, "rounds": args.rounds, "repeats": repeats,
+        "max_other": args.max_other,
         "targets": {"updates_per_s_per_worker": TARGET_PER_WORKER, "speedup_1_to_2": TARGET_SPEEDUP_1_2},
         "load": {"loadavg_start": load0, "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
                  "machine_busy_cores": machine_busy_cores, "this_process_cores": own / wall,

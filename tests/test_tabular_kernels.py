@@ -139,6 +139,40 @@ def test_fixed_point_scale_choice_and_overflow_guard():
     assert from_fixed(to_fixed(x, 16), 16).tolist() == x.tolist()
 
 
+def test_parallel_reward_conversion_equals_to_fixed(monkeypatch):
+    from hetrl.tabular import parallel as P
+    from hetrl.tabular.dataset import shard_bounds
+
+    monkeypatch.setattr(P, "REWARD_CHUNK", 1000)  # several chunks per shard, a partial last one
+    rng = np.random.default_rng(3)
+    n = 10_007
+    # halves of the 2**-16 grid: the ties that round half to even must match to_fixed exactly
+    r = ((rng.integers(-2**21, 2**21, n) + 0.5) / 2**16).astype(np.float32)
+    want = to_fixed(r, 16)
+    for W in (1, 2, 3, 7):
+        got = P.prepare_rewards(r, "int32", 16, shard_bounds(n, W))
+        assert got.dtype == np.int32 and np.array_equal(got, want)
+    assert np.array_equal(P.prepare_rewards(r, "int32", 16), want)
+    assert P.prepare_rewards(r, "float32", None) is r
+    r[-1] = 1e6  # does not fit 2**31 / 2**16 in the last shard: the worker's error reaches the caller
+    with pytest.raises(UsageError, match="int32 fixed-point"):
+        P.prepare_rewards(r, "int32", 16, shard_bounds(n, 2))
+
+
+def test_worker_memory_is_a_page_apart():
+    from hetrl.tabular.parallel import PAGE, worker_rows, worker_tables
+
+    for dtype in (np.float32, np.int32):
+        qs = worker_tables(3, 16, 4, dtype)  # FrozenLake-sized: 256 B per table
+        assert qs.shape == (3, 16, 4) and not qs.any() and all(qs[w].flags.c_contiguous for w in range(3))
+        ends = [(qs[w].ctypes.data, qs[w].ctypes.data + qs[w].nbytes) for w in range(3)]
+        assert all(ends[w + 1][0] - ends[w][1] >= PAGE for w in range(2))
+    rngs = worker_rows([K.rng_state(w) for w in range(3)])
+    assert [int(x[0]) for x in rngs] == [int(K.rng_state(w)[0]) for w in range(3)]
+    assert all(x.shape == (1,) and x.dtype == np.uint64 for x in rngs)
+    assert all(rngs[w + 1].ctypes.data - rngs[w].ctypes.data >= PAGE for w in range(2))
+
+
 def test_int32_stays_within_bound_on_worst_case_rewards():
     # all rewards at -R, never done: Q -> -R/(1-gamma); the chosen scale must not wrap
     n, R, gamma = 200_000, 100.0, 0.99

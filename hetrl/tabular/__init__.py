@@ -284,7 +284,7 @@ def train_tabular(algo: str, env: str, workers: int = 1, transitions: int = 1_00
         "kernel_overlap": (st.overlap_s / st.kernel_s) if workers > 1 and st.kernel_s > 0 else None,
         "single_worker_updates_per_s": single,
         "scaling_efficiency": (ups / (workers * single)) if single else None,
-        "kernel_s": round(st.kernel_s, 6), "merge_s": round(st.merge_s, 6),
+        "kernel_s": round(st.kernel_s, 6), "merge_s": round(st.merge_s, 6), "setup_s": round(st.setup_s, 6),
         "merge": merge, "backend": backend if mode == "offline" else "threads",
         "alpha": alpha, "alpha_final": alpha_final, "gamma": gamma,
         "epsilon": epsilon, "epsilon_final": epsilon_final,
