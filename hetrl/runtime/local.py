@@ -557,24 +557,9 @@ class LocalSchedule:
 
     # ---- figures and state ----------------------------------------------------------------------
     def figures(self) -> dict:
-        c, B, lay = self.c, self.cfg.batch_size, self.lay
-        wall = c.wall_s
-        return {"env_steps": c.env_steps, "gradient_steps": c.gradient_steps, "wall_s": wall,
-                "env_steps_per_s": c.env_steps / wall if wall else 0.0,
-                "train_samples_per_s": B * c.gradient_steps / c.learner_s if c.learner_s else 0.0,
-                "train_samples_per_wall_s": B * c.gradient_steps / wall if wall else 0.0,
-                "learner_busy_s": c.learner_s, "acting_s": c.acting_s, "replay_busy_s": c.replay_s,
-                "replay_ratio_achieved": c.gradient_steps / c.env_steps if c.env_steps else 0.0,
-                "replay_ratio_target": self.cfg.replay_ratio,
-                "params_version": c.params_version,
-                "schedule": "local", "actors": lay.actors, "envs_per_actor": lay.envs_per_actor,
-                "insert_chunk": lay.chunk, "rate_limit": self.cfg.rate_limit,
-                "samples_per_insert": lay.spi, "rate_error_buffer": lay.error_buffer,
-                "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0,
-                "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
-                "learner_wait_s": c.learner_wait_s,
-                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
-                "actor_restarts": c.restarts, "startup_s": self.startup_s,
+        return {**actor_learner_figures(self.c, self.cfg, self.lay, self.startup_s), "schedule": "local",
+                "rate_limit": self.cfg.rate_limit, "samples_per_insert": self.lay.spi,
+                "rate_error_buffer": self.lay.error_buffer,
                 "optimisations": {k: getattr(self.cfg, k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
@@ -619,6 +604,24 @@ class LocalSchedule:
             if block is not None:
                 block.close()  # our descriptors; the mappings (and the replay) stay valid
         self._finalizer.detach()
+
+
+def actor_learner_figures(c: LocalCounters, cfg: Config, lay: Layout, startup_s: float) -> dict:
+    """The result.json figures of a schedule with separate actors and a learner (local, ray)."""
+    B, wall = cfg.batch_size, c.wall_s
+    return {"env_steps": c.env_steps, "gradient_steps": c.gradient_steps, "wall_s": wall,
+            "env_steps_per_s": c.env_steps / wall if wall else 0.0,
+            "train_samples_per_s": B * c.gradient_steps / c.learner_s if c.learner_s else 0.0,
+            "train_samples_per_wall_s": B * c.gradient_steps / wall if wall else 0.0,
+            "learner_busy_s": c.learner_s, "acting_s": c.acting_s, "replay_busy_s": c.replay_s,
+            "replay_ratio_achieved": c.gradient_steps / c.env_steps if c.env_steps else 0.0,
+            "replay_ratio_target": cfg.replay_ratio, "params_version": c.params_version,
+            "actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
+            "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0,
+            "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
+            "learner_wait_s": c.learner_wait_s,
+            "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
+            "actor_restarts": c.restarts, "startup_s": startup_s}
 
 
 def _main_needed(env) -> bool:

@@ -47,7 +47,7 @@ from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay.server import ReplayServer
 from hetrl.runtime.inline import resolve_device
-from hetrl.runtime.local import LocalCounters, layout, sigterm_as_sigint
+from hetrl.runtime.local import LocalCounters, actor_learner_figures, layout, sigterm_as_sigint
 
 PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
@@ -500,22 +500,8 @@ class RaySchedule:
 
     # ---- figures and state ----------------------------------------------------------------------
     def figures(self) -> dict:
-        c, B, lay = self.c, self.cfg.batch_size, self.lay
-        wall = c.wall_s
-        return {"env_steps": c.env_steps, "gradient_steps": c.gradient_steps, "wall_s": wall,
-                "env_steps_per_s": c.env_steps / wall if wall else 0.0,
-                "train_samples_per_s": B * c.gradient_steps / c.learner_s if c.learner_s else 0.0,
-                "train_samples_per_wall_s": B * c.gradient_steps / wall if wall else 0.0,
-                "learner_busy_s": c.learner_s, "acting_s": c.acting_s, "replay_busy_s": c.replay_s,
-                "replay_ratio_achieved": c.gradient_steps / c.env_steps if c.env_steps else 0.0,
-                "replay_ratio_target": self.cfg.replay_ratio, "params_version": c.params_version,
-                "schedule": "ray", "actors": lay.actors, "envs_per_actor": lay.envs_per_actor,
-                "insert_chunk": lay.chunk, "replay_shards": len(self.servers), "ray_nodes": len(self.nodes()),
-                "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0,
-                "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
-                "learner_wait_s": c.learner_wait_s,
-                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
-                "actor_restarts": c.restarts, "startup_s": self.startup_s}
+        return {**actor_learner_figures(self.c, self.cfg, self.lay, self.startup_s), "schedule": "ray",
+                "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
     def state_dict(self, with_replay: bool) -> dict:
         counters = asdict(self.c)
