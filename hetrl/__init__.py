@@ -7,14 +7,14 @@
     policy = hetrl.load("runs/cartpole"); action = policy.act(obs)
 """
 
-import os as _os
-
 __version__ = "0.1.0"
 
-# OpenMP threads that spin while waiting fight any other busy process for the cores, and a
-# 2-thread learner then runs ~5x slower than a 1-thread one (measured here). Passive waiting
-# keeps the 2-thread speed-up under contention. Only effective before torch is imported.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy is left at libgomp's default (spin a little, then sleep): passive
+# waiting (OMP_WAIT_POLICY=PASSIVE) made a 2-thread learner no faster than a 1-thread one here,
+# spinning makes it 1.3x faster when the process has its cores to itself. Spinning threads that
+# share cores with other busy processes collapse instead (~4x slower), so the local and ray
+# schedules give the learner only the cores no actor takes, and the planner never plans a
+# multi-threaded learner onto cores that actors share (hetrl/planner/search.py).
 
 from hetrl.errors import HetrlError, UsageError  # noqa: E402
 

@@ -17,7 +17,7 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     a  = act(w, inference device) / w                        actor time per env step (one core)
     i  = [ds_insert(DS, n) + x(cpu->DS, n b) + p rm_insert(RM, n) (+ ipc message, local)] / n
     s  = [rm_sample(RM, kB) + x(RM->DS, 8kB) + ds_gather(DS, kB) + x(DS->L, kB b) + x(RM->L, 4kB)] / k
-    l  = learn(L, B, t)  (x the profiled per-step gain of grouping k steps in one call, k > 1)
+    l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1)
     u  = p [x(L->RM, 4B) + rm_update(RM, B)]
     y  = param_sync(L) / (gradient steps per publish)
     g  = s + l + u + y               main process, wall time per gradient step
@@ -29,6 +29,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     local:    X = min(N / a,  1 / m,  C_eff / (a + mc))       actors | learner | shared cores
     lockstep: X = min(1 / (a / min(N, C_eff) + m),  C_eff / (a + mc))    (local, overlap=false)
               C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
+              l x SPIN (local, t > 1, N + t > P): a multi-threaded learner whose OpenMP threads
+              share cores with actor processes waits at every barrier for a thread that an actor
+              displaced (measured ~4x slower here); the search skips such plans unless pinned
     P = the machine's cores; C may be fewer, a fraction even: the cores that are ours on a machine
     shared with other programs (see load.py); inline then also gets X <= C / (a + mc) when C < t
 
@@ -51,6 +54,7 @@ from hetrl.planner.profile import ProfileTable, grads_per_phase
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
+SPIN = 3.0                   # slow-down of a multi-threaded learner on cores that actors share
 LOCAL_GROUP_MAX = 32         # hetrl/runtime/local.py GROUP_MAX: gradient steps per learn call
 LOCAL_MIN_CHUNK_STEPS = 8    # hetrl/runtime/local.py MIN_CHUNK_STEPS: vector steps per insert message
 IPC_MESSAGE_BYTES = 256      # a chunk notice (the data itself is staged in shared memory)
@@ -175,6 +179,12 @@ def _per_publish(plan: Plan, work: Workload) -> int:
     return max(1, work.grads_per_phase * work.publish_interval)
 
 
+def learner_shares_cores(plan: Plan, cores: float) -> bool:
+    """A multi-threaded CPU learner whose threads and the actor processes outnumber the cores."""
+    return (plan.schedule != "inline" and plan.learner_device == "cpu" and plan.threads > 1
+            and plan.actors + plan.threads > cores)
+
+
 def predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None = None) -> Prediction:
     """The model's figures for ``plan`` (see the module docstring for the formulas). ``cores``:
     the cores that are ours (default: the profiled machine's; a fraction on a shared machine)."""
@@ -194,7 +204,9 @@ def predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None
     gather = T.op("ds_gather", DS, kg * B)
     x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
     s = (keys + x_keys + gather + x_batch) / kg
-    l = T.learn(L, B, plan.threads) * (T.learn_grouped_factor(L) if kg > 1 else 1.0)
+    l = T.learn_step(L, B, plan.threads, kg)
+    if learner_shares_cores(plan, T.cores):
+        l *= SPIN
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1

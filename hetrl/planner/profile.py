@@ -9,7 +9,8 @@ repeated until stable, with its spread), for the run's algorithm, env and networ
 ``infer``          policy inference (``policy.act``) for W observations, per device
 ``learn``          one gradient step (``algo.learn`` on a synthetic batch of B), per device, per
                    torch thread count (CPU), per batch size B
-``learn_grouped``  the same at the run's batch size with K gradient steps per ``learn`` call, per step
+``learn_grouped``  the same at the run's batch size with K gradient steps per ``learn`` call, per step,
+                   per thread count, for the K the schedules use (local: up to 32; inline: a phase)
 ``ds_insert``      data storage: ``Storage.insert`` of n transitions already on the device
 ``ds_gather``      data storage: ``Storage.get`` of n slots (keys already on the device)
 ``rm_insert``      replay manager: sum-tree update of n new slots at max priority
@@ -23,10 +24,11 @@ repeated until stable, with its spread), for the run's algorithm, env and networ
 ``power``          per device idle/busy watts (see power.py), with their source
 =================  ==============================================================================
 
-CPU primitives are timed in CPU time of the process (what they cost, not how long they waited
-for a core that another program held); a learner of t threads as its CPU time / t (its threads
-work together; idle ones sleep: OMP_WAIT_POLICY=PASSIVE). GPU work and the pipe between
-processes are timed in wall time.
+Single-threaded CPU primitives are timed in CPU time of the process (what they cost, not how
+long they waited for a core that another program held). A learner of t > 1 threads is timed in
+wall time: how much its threads gain depends on OpenMP's barriers and wait policy, not on the
+CPU time they burn (passive waiting gained nothing here, spinning 1.3x with 2 threads), and only
+the wall clock sees that. GPU work and the pipe between processes are timed in wall time.
 
 The table is cached as JSON, one file per machine (hostname, CPU model, cores, torch version,
 GPU names) and per (algorithm, env, network) in :func:`cache_dir`; it is re-used while it
@@ -39,6 +41,7 @@ import bisect
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -50,7 +53,7 @@ from typing import Any, Callable
 from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure
 
-FORMAT = "hetrl-profile/3"
+FORMAT = "hetrl-profile/4"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 
@@ -125,13 +128,13 @@ def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
     threads = sorted({1} | ({t for t in (2, 4, 8, 16, 32, 64) if t <= cores} | {cores} if not quick else set()))
     batches = [B] if quick else sorted({max(1, B // 2), B, 2 * B})
     g = grads_per_phase(cfg)
-    k_group = max(1, min(g, 32, 65536 // B))
+    k_groups = sorted({k for k in (min(g, 32, 65536 // B), min(g, 65536 // B)) if k > 1})
     samples = sorted(set(batches) | {min(g * B, 65536), min(g, 32) * B})  # inline / local groups
     inserts = sorted({1, 16, 256} | ({cfg.train_freq} if cfg.train_freq <= 4096 else set()))
     if quick:
         inserts = sorted({16, min(cfg.train_freq, 256)})
     return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
-            "inserts": inserts, "k_group": k_group}
+            "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups}
 
 
 def _covers(have: dict, need: dict) -> bool:
@@ -232,13 +235,22 @@ class ProfileTable:
         t = max([x for x in ts if x <= threads] or [ts[0]])
         return _interp(self._pts("learn", device, str(t)), batch)
 
-    def learn_grouped_factor(self, device: str) -> float:
-        """Per-step time of K grouped gradient steps / one step, at the run's batch size."""
+    def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1) -> float:
+        """Seconds per gradient step when ``learn`` gets k steps per call: the grouped figure
+        profiled at this thread count (the nearest profiled k), else the single-step figure
+        scaled by the profiled gain of grouping, else the single-step figure."""
+        single = self.learn(device, batch, threads)
         g = self.data.get("learn_grouped", {}).get(device)
-        if not g:
-            return 1.0
-        single = self.learn(device, int(g["batch"]), int(g.get("threads", 1)))
-        return min(1.0, Timing.from_json(g["timing"]).s / single) if single > 0 else 1.0
+        if k <= 1 or not g:
+            return single
+        ts = sorted(int(t) for t in g)
+        th = max([x for x in ts if x <= threads] or [ts[0]])
+        pts = {int(kk): Timing.from_json(t).s for kk, t in g[str(th)].items()}
+        kk = min(pts, key=lambda x: (abs(math.log(x / k)), -x))
+        if batch == self.key.get("batch_size"):
+            return pts[kk]
+        at = self.learn(device, int(self.key["batch_size"]), th)
+        return single * min(1.0, pts[kk] / at) if at > 0 else single
 
     def op(self, section: str, device: str, n: int) -> float:
         return _interp(self._pts(section, device), n)
@@ -331,8 +343,11 @@ class ProfileTable:
             for th, pts in by_t.items():
                 for b, t in pts.items():
                     add("learner update", dev, f"B={b} threads={th}", t)
-        for dev, g in self.data.get("learn_grouped", {}).items():
-            add("learner update, grouped", dev, f"B={g['batch']} K={g['k']}", g["timing"])
+        B = self.key.get("batch_size")
+        for dev, by_t in self.data.get("learn_grouped", {}).items():
+            for th, pts in by_t.items():
+                for k, t in pts.items():
+                    add("learner update, grouped", dev, f"B={B} threads={th} K={k}", t)
         for dev, t in self.data.get("param_sync", {}).items():
             add("param publish+load", dev, "", t)
         for key, link in self.data.get("transfer", {}).items():
@@ -541,18 +556,22 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                     c = type(cfg)(**{**cfg.to_dict(), "batch_size": B})
                     algo = make_algorithm(c, obs_space, act_space, dev)
                     batch, wts = synth(B, 1, dev)
-                    t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
-                    if dev == "cpu":  # CPU time of all its threads: per thread = the wall time on idle cores
-                        t.s /= th
+                    kw = kw_of(dev) if th == 1 else mkw   # t > 1 threads: wall time (see the docstring)
+                    t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw)
                     data["learn"][dev][str(th)][str(B)] = t.to_json()
+                if grid["k_groups"]:
+                    data["learn_grouped"].setdefault(dev, {})[str(th)] = {}
+                B = cfg.batch_size
+                for K in grid["k_groups"]:
+                    say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
+                    algo = make_algorithm(cfg, obs_space, act_space, dev)
+                    batch, wts = synth(B, K, dev)
+                    kw = kw_of(dev) if th == 1 else mkw
+                    t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw)
+                    t.s /= K
+                    data["learn_grouped"][dev][str(th)][str(K)] = t.to_json()
             torch.set_num_threads(1)
-            K, B = grid["k_group"], cfg.batch_size
-            say(f"learner update on {dev}, batch {B}, {K} grouped steps")
             algo = make_algorithm(cfg, obs_space, act_space, dev)
-            batch, wts = synth(B, K, dev)
-            t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
-            t.s /= K
-            data["learn_grouped"][dev] = {"batch": B, "k": K, "threads": 1, "timing": t.to_json()}
             say(f"parameter publish + load from {dev}")
             store, pol = ParameterStore(), algo.make_policy(seed=1)
 
