@@ -44,8 +44,8 @@ class FlatAdam:
         self.param = nn.Parameter(self.flat)
         self.param.grad = self.grad
         self.max_grad_norm = max_grad_norm
-        fused = ref.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-        self.opt = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=fused)
+        self.fused = ref.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+        self.opt = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=self.fused)
 
     def step(self, loss: torch.Tensor | None = None) -> None:
         """Backpropagate `loss` into this module's gradients and take an Adam step; with no loss,
@@ -55,7 +55,22 @@ class FlatAdam:
             loss.backward(inputs=self.params)  # only this module's grads (not the critic's in an actor loss)
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([self.param], self.max_grad_norm)
-        self.opt.step()
+        if not self.fused:
+            self.opt.step()
+            return
+        # torch.optim.Adam(fused=True).step() without its Python bookkeeping (~0.2 ms of a 1.5 ms
+        # DQN update on a CPU): the same kernel on the same state tensors, so results and
+        # checkpoints (self.opt.state_dict()) are those of torch.optim.Adam
+        g, st = self.opt.param_groups[0], self.opt.state[self.param]
+        if not st:
+            st["step"] = torch.zeros((), dtype=torch.float32, device=self.flat.device)
+            st["exp_avg"] = torch.zeros_like(self.flat)
+            st["exp_avg_sq"] = torch.zeros_like(self.flat)
+        st["step"].add_(1)
+        beta1, beta2 = g["betas"]
+        torch._fused_adam_([self.param], [self.grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]],
+                           lr=g["lr"], beta1=beta1, beta2=beta2, weight_decay=g["weight_decay"], eps=g["eps"],
+                           amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
 
     def state_dict(self) -> dict:
         return self.opt.state_dict()
@@ -117,6 +132,6 @@ class MLPGrad:
                 torch.sum(g, 0, out=lin.bias.grad)
             if i or input_grad:
                 g = torch.mm(g, lin.weight)
-                if i:
-                    g = g.mul_(acts[i] > 0)
+                if i:  # ReLU's backward: autograd's own kernel (one pass, no boolean mask)
+                    g = torch.ops.aten.threshold_backward(g, acts[i], 0)
         return g if input_grad else None
