@@ -1,7 +1,8 @@
 """The planner's predictions against measured runs: predicted vs measured env steps/s.
 
     python benchmarks/bench_planner.py [--workloads dqn-cartpole,ddpg-pendulum,dqn-slowcartpole]
-                                       [--max-runs 12] [--seconds 8] [--refresh] [--all]
+                                       [--max-runs 12] [--seconds 8] [--repeats 2]
+                                       [--refresh] [--all]
     python benchmarks/bench_planner.py --repredict benchmarks/results/bench_planner.json
 
 For each workload it profiles the machine (or takes the cached table), asks the planner for
@@ -23,8 +24,9 @@ the steady state):
                      (train_freq 256, gradient_steps 32): the env, not the learner, is the cost.
 
 Candidates with schedule=local run when this build's `make_schedule` accepts schedule="local";
-otherwise they are skipped with a note. Each plan is run once (--all: every candidate, else
---max-runs of them spread over the predicted range, the auto plan always included). The
+otherwise they are skipped with a note. Each plan is run (--all: every candidate, else
+--max-runs of them spread over the predicted range, the auto plan always included), `--repeats`
+times, the order flipped every repeat (the figure is the median of a plan's repeats). The
 machines here are shared: read the ranking and the ratios, not the absolute figures.
 """
 
@@ -200,35 +202,47 @@ def bench_workload(name: str, args, local_ok: bool, local_note: str) -> dict:
     preds = [predict(p, table, work) for p in candidates(table, work, table.cores, {}, schedules)]
     print(f"[{name}] auto plan: {result.plan.describe()}: predicted {result.predicted_env_steps_per_s:,.0f} "
           f"env steps/s; {result.bottleneck}", flush=True)
-    runs = []
-    for pred in pick(preds, result.prediction, args.max_runs, args.all):
+    chosen = pick(preds, result.prediction, args.max_runs, args.all)
+    rows = []
+    for pred in chosen:
         p = pred.plan
         # enough steps for learning_starts, the warm-up and the timed seconds at 3x the prediction
         steps = int(min(500_000, cfg.learning_starts + cfg.batch_size + 3 * pred.env_steps_per_s * (args.seconds + 2)))
-        run_cfg = make_config(algo, env, {**over, **p.settings(), "steps": steps, "eval_episodes": 0,
-                                          "log_interval": 10 ** 9})
-        row = {"plan": p.to_json(), "describe": p.describe(), "auto": p == result.plan,
-               "predicted": pred.to_json(), "steps": steps}
-        try:
-            avail = available_cores()
-            row["measured"] = measure_run(run_cfg, args.seconds)
-            avail = (avail + available_cores()) / 2   # before and after the run
+        rows.append({"plan": p.to_json(), "describe": p.describe(), "auto": p == result.plan,
+                     "predicted": pred.to_json(), "steps": steps, "repeats": [], "_pred": pred})
+    for rep in range(args.repeats):  # every plan once per repeat; the order flips every repeat
+        for row in (rows if rep % 2 == 0 else rows[::-1]):
+            p, pred = row["_pred"].plan, row["_pred"]
+            run_cfg = make_config(algo, env, {**over, **p.settings(), "steps": row["steps"], "eval_episodes": 0,
+                                              "log_interval": 10 ** 9})
+            try:
+                avail = available_cores()
+                m = measure_run(run_cfg, args.seconds)
+                m["cores_available"] = (avail + available_cores()) / 2   # before and after the run
+                row["repeats"].append(m)
+            except Exception as e:  # noqa: BLE001 - report and go on with the other plans
+                row["error"] = f"{type(e).__name__}: {e}"
+            last = row["repeats"][-1]["env_steps_per_s"] if row["repeats"] and "error" not in row else None
+            print(f"  {'*' if row['auto'] else ' '} {p.describe():<52} predicted {pred.env_steps_per_s:>7,.0f}  "
+                  f"measured {'-' if last is None else f'{last:>7,.0f}'} (repeat {rep + 1})"
+                  + (f"  {row['error']}" if "error" in row else ""), flush=True)
+    runs = []
+    for row in rows:
+        pred = row.pop("_pred")
+        reps = row["repeats"]
+        if reps:
+            med = lambda key: statistics.median(r[key] for r in reps)  # noqa: E731
+            row["measured"] = {k: med(k) for k in reps[0] if isinstance(reps[0][k], (int, float))}
+            avail = row["measured"].pop("cores_available")
             row["cores_available"], row["load_avg"] = avail, os.getloadavg()[0]
-            loaded = predict(p, table, work, cores=avail)
+            loaded = predict(pred.plan, table, work, cores=avail)
             row["predicted_under_load"] = loaded.to_json()
             row["ratio"] = row["measured"]["env_steps_per_s"] / pred.env_steps_per_s
             row["ratio_under_load"] = row["measured"]["env_steps_per_s"] / loaded.env_steps_per_s
-        except Exception as e:  # noqa: BLE001 - report and go on with the other plans
-            row["error"] = f"{type(e).__name__}: {e}"
+            print(f"  {'*' if row['auto'] else ' '} {pred.plan.describe():<52} predicted {pred.env_steps_per_s:>7,.0f}  "
+                  f"measured {row['measured']['env_steps_per_s']:>7,.0f} (median of {len(reps)})  ratio {row['ratio']:.2f}",
+                  flush=True)
         runs.append(row)
-        meas = row.get("measured", {}).get("env_steps_per_s")
-        if "ratio" in row:
-            tail = (f"  ratio {row['ratio']:.2f} | on the {row['cores_available']:.2f} cores ours: "
-                    f"predicted {row['predicted_under_load']['env_steps_per_s']:>7,.0f} ratio {row['ratio_under_load']:.2f}")
-        else:
-            tail = "  " + row.get("error", "")
-        print(f"  {'*' if row['auto'] else ' '} {p.describe():<52} predicted {pred.env_steps_per_s:>7,.0f}  "
-              f"measured {meas if meas is None else f'{meas:>7,.0f}'}{tail}", flush=True)
     summary = summarize(runs)
     return {"workload": name, "algo": algo, "env": env, "overrides": over, "replay_ratio": cfg.replay_ratio,
             "cores": table.cores,
@@ -328,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-runs", type=int, default=12, help="plans run per workload (the auto plan included)")
     ap.add_argument("--all", action="store_true", help="run every runnable candidate plan")
     ap.add_argument("--seconds", type=float, default=8.0, help="timed seconds of steady state per run")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per plan (order flipped every repeat); median")
     ap.add_argument("--refresh", action="store_true", help="re-profile instead of using the cached tables")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "bench_planner"))

@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 # waiting (OMP_WAIT_POLICY=PASSIVE) made a 2-thread learner no faster than a 1-thread one here,
 # spinning makes it 1.3x faster when the process has its cores to itself. Spinning threads that
 # share cores with other busy processes collapse instead (~4x slower), so the local and ray
-# schedules give the learner only the cores no actor takes, and the planner never plans a
-# multi-threaded learner onto cores that actors share (hetrl/planner/search.py).
+# schedules give the learner only the cores no actor takes, and the planner prices a
+# multi-threaded learner on cores that busy actors share (hetrl/planner/model.py, SPIN).
 
 from hetrl.errors import HetrlError, UsageError  # noqa: E402
 

@@ -29,9 +29,10 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     local:    X = min(N / a,  1 / m,  C_eff / (a + mc))       actors | learner | shared cores
     lockstep: X = min(1 / (a / min(N, C_eff) + m),  C_eff / (a + mc))    (local, overlap=false)
               C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
-              l x SPIN (local, t > 1, N + t > P): a multi-threaded learner whose OpenMP threads
-              share cores with actor processes waits at every barrier for a thread that an actor
-              displaced (measured ~4x slower here); the search skips such plans unless pinned
+              l x (1 + (SPIN - 1) rho) when t > 1 and N + t > P: a multi-threaded learner whose
+              OpenMP threads share cores with actor processes waits at its barriers for a thread
+              that a busy actor displaced (~4x slower next to a fully busy process, measured
+              here); rho = min(1, X a), the cores the actors keep busy (from a first pass)
     P = the machine's cores; C may be fewer, a fraction even: the cores that are ours on a machine
     shared with other programs (see load.py); inline then also gets X <= C / (a + mc) when C < t
 
@@ -54,7 +55,7 @@ from hetrl.planner.profile import ProfileTable, grads_per_phase
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
-SPIN = 3.0                   # slow-down of a multi-threaded learner on cores that actors share
+SPIN = 4.0                   # slow-down of a multi-threaded learner next to a fully busy actor
 LOCAL_GROUP_MAX = 32         # hetrl/runtime/local.py GROUP_MAX: gradient steps per learn call
 LOCAL_MIN_CHUNK_STEPS = 8    # hetrl/runtime/local.py MIN_CHUNK_STEPS: vector steps per insert message
 IPC_MESSAGE_BYTES = 256      # a chunk notice (the data itself is staged in shared memory)
@@ -188,6 +189,14 @@ def learner_shares_cores(plan: Plan, cores: float) -> bool:
 def predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None = None) -> Prediction:
     """The model's figures for ``plan`` (see the module docstring for the formulas). ``cores``:
     the cores that are ours (default: the profiled machine's; a fraction on a shared machine)."""
+    first = _predict(plan, table, work, cores, 1.0)
+    if not learner_shares_cores(plan, table.cores):
+        return first
+    rho = min(1.0, first.env_steps_per_s * first.times["act_per_step"])   # actor cores kept busy
+    return _predict(plan, table, work, cores, 1.0 + (SPIN - 1.0) * rho)
+
+
+def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None, spin: float) -> Prediction:
     C = float(cores or table.cores)
     T, w, N, B, b = table, plan.envs_per_actor, plan.actors, plan.batch_size, table.bytes_per_transition
     L, DS, RM, INF = plan.learner_device, plan.storage_device, plan.replay_device, plan.actor_inference_device
@@ -204,9 +213,7 @@ def predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None
     gather = T.op("ds_gather", DS, kg * B)
     x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
     s = (keys + x_keys + gather + x_batch) / kg
-    l = T.learn_step(L, B, plan.threads, kg)
-    if learner_shares_cores(plan, T.cores):
-        l *= SPIN
+    l = T.learn_step(L, B, plan.threads, kg) * spin
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from hetrl.errors import UsageError
-from hetrl.planner.model import (SCHEDULES, Plan, Prediction, Workload, bottleneck_words, learner_shares_cores,
-                                 predict)
+from hetrl.planner.model import SCHEDULES, Plan, Prediction, Workload, bottleneck_words, predict
 from hetrl.planner.profile import ProfileTable
 
 OBJECTIVES = ("throughput", "efficiency")
@@ -194,10 +193,7 @@ def candidates(table: ProfileTable, work: Workload, cores: int, pins: dict | Non
             else:
                 thread_counts = [1]
             for N, w, t in itertools.product(actor_counts, widths, thread_counts):
-                plan = Plan(sched, N, w, L, DS, RM, INF, batch, t)
-                if "threads" not in pins and learner_shares_cores(plan, table.cores):
-                    continue  # spinning learner threads on actors' cores collapse (model.SPIN)
-                out.append(plan)
+                out.append(Plan(sched, N, w, L, DS, RM, INF, batch, t))
     if not out:
         raise UsageError("no plan satisfies the pins; drop a pin")
     return out
