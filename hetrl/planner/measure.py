@@ -92,3 +92,42 @@ def measure(fn: Callable[[], object], *, sync: Callable[[], object] | None = Non
         if time.perf_counter() - start > cap_s:
             break
     return Timing(statistics.median(values), _iqr_rel(values), len(values), n, stable)
+
+
+def measure_threads(fn: Callable[[], object], threads: int, *, tol: float = 0.05, window: int = 4,
+                    min_pairs: int = 6, min_round_s: float = 0.02, cap_s: float = 1.0) -> Timing:
+    """Wall time of ``fn`` with ``threads`` torch threads over its wall time with one thread,
+    from pairs of back-to-back rounds (one of each, the order flipping every pair), so that both
+    sides of a pair see the same machine; the median of the pairs' ratios, settled as in
+    :func:`measure`. A ratio measured in one go stays right while the machine's speed drifts."""
+    import torch
+
+    start, old = time.perf_counter(), torch.get_num_threads()
+
+    def round_s(t: int, n: int) -> float:
+        torch.set_num_threads(t)
+        fn()  # the first call after a switch wakes or creates the threads
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    try:
+        n = 1
+        while (dt := round_s(1, n) * n) < min_round_s and time.perf_counter() - start < cap_s / 4:
+            n = max(n * 2, int(n * min_round_s / max(dt, 1e-9) * 1.2) + 1)
+        ratios, medians, stable = [], [], False
+        while True:
+            order = (1, threads) if len(ratios) % 2 == 0 else (threads, 1)
+            got = {t: round_s(t, n) for t in order}
+            ratios.append(got[threads] / got[1])
+            medians.append(statistics.median(ratios))
+            last = medians[-window:]
+            if len(ratios) >= min_pairs and len(last) == window and (max(last) - min(last)) <= tol * medians[-1]:
+                stable = True
+                break
+            if time.perf_counter() - start > cap_s:
+                break
+    finally:
+        torch.set_num_threads(old)
+    return Timing(statistics.median(ratios), _iqr_rel(ratios), len(ratios), n, stable)

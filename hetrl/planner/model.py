@@ -55,7 +55,7 @@ from hetrl.planner.profile import ProfileTable, grads_per_phase
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
-SPIN = 4.0                   # slow-down of a multi-threaded learner next to a fully busy actor
+SPIN = 2.0                   # slow-down of a multi-threaded learner next to a fully busy actor (fit: bench_planner)
 LOCAL_GROUP_MAX = 32         # hetrl/runtime/local.py GROUP_MAX: gradient steps per learn call
 LOCAL_MIN_CHUNK_STEPS = 8    # hetrl/runtime/local.py MIN_CHUNK_STEPS: vector steps per insert message
 IPC_MESSAGE_BYTES = 256      # a chunk notice (the data itself is staged in shared memory)

@@ -25,10 +25,12 @@ repeated until stable, with its spread), for the run's algorithm, env and networ
 =================  ==============================================================================
 
 Single-threaded CPU primitives are timed in CPU time of the process (what they cost, not how
-long they waited for a core that another program held). A learner of t > 1 threads is timed in
-wall time: how much its threads gain depends on OpenMP's barriers and wait policy, not on the
-CPU time they burn (passive waiting gained nothing here, spinning 1.3x with 2 threads), and only
-the wall clock sees that. GPU work and the pipe between processes are timed in wall time.
+long they waited for a core that another program held). A learner of t > 1 threads is its
+1-thread figure x the ratio of its wall times with t threads and with 1, from back-to-back pairs
+of rounds (measure_threads): how much threads gain depends on OpenMP's barriers and wait policy
+and on what the other cores do, not on the CPU time they burn, and only the wall clock sees
+that; a ratio taken pair by pair stays right while the machine's speed drifts (it did, by
++-30 % over minutes, on the development VM). GPU work and the pipe are timed in wall time.
 
 The table is cached as JSON, one file per machine (hostname, CPU model, cores, torch version,
 GPU names) and per (algorithm, env, network) in :func:`cache_dir`; it is re-used while it
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hetrl.errors import UsageError
-from hetrl.planner.measure import Timing, measure
+from hetrl.planner.measure import Timing, measure, measure_threads
 
 FORMAT = "hetrl-profile/4"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
@@ -546,6 +548,14 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 out[name] = v.to(dev, torch_dtype(dt))
             return out, torch.ones(K, B, device=dev)
 
+        def timed_learn(dev, th, algo, batch, wts, one: dict | None) -> Timing:
+            """One learner call on ``dev``; with t > 1 CPU threads: the 1-thread figure ``one``
+            (seconds per call) x the t-thread / 1-thread ratio of wall times (see the docstring)."""
+            if one is None:
+                return measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
+            r = measure_threads(lambda: algo.learn(batch, wts), th, tol=tol, cap_s=budget.cap())
+            return Timing(one["s"] * r.s, r.spread, r.rounds, r.calls, r.stable)
+
         for dev in devices:
             data["learn"][dev] = {}
             for th in (T if dev == "cpu" else [1]):
@@ -556,8 +566,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                     c = type(cfg)(**{**cfg.to_dict(), "batch_size": B})
                     algo = make_algorithm(c, obs_space, act_space, dev)
                     batch, wts = synth(B, 1, dev)
-                    kw = kw_of(dev) if th == 1 else mkw   # t > 1 threads: wall time (see the docstring)
-                    t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw)
+                    t = timed_learn(dev, th, algo, batch, wts, data["learn"][dev]["1"].get(str(B)) if th > 1 else None)
                     data["learn"][dev][str(th)][str(B)] = t.to_json()
                 if grid["k_groups"]:
                     data["learn_grouped"].setdefault(dev, {})[str(th)] = {}
@@ -566,8 +575,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                     say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
                     algo = make_algorithm(cfg, obs_space, act_space, dev)
                     batch, wts = synth(B, K, dev)
-                    kw = kw_of(dev) if th == 1 else mkw
-                    t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw)
+                    one = data["learn_grouped"][dev]["1"].get(str(K)) if th > 1 else None
+                    t = timed_learn(dev, th, algo, batch, wts, None if one is None else {**one, "s": one["s"] * K})
                     t.s /= K
                     data["learn_grouped"][dev][str(th)][str(K)] = t.to_json()
             torch.set_num_threads(1)
