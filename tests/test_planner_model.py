@@ -64,6 +64,19 @@ def test_core_contention_is_modelled():
     assert many.busy["cpu"] <= 1.0
 
 
+def test_threaded_learner_on_cores_that_busy_actors_share_is_slowed():
+    # 2 cores, 1 actor + a 2-thread learner: the learner's threads share a core with the actor
+    learn = {"cpu": {1: 1e-3, 2: 0.7e-3}}
+    idle_actor = synthetic_table(env_step_s=1e-6, learn_s=learn)      # the actor is rarely busy
+    busy_actor = synthetic_table(env_step_s=1e-3, learn_s=learn)      # the actor keeps its core busy
+    for t, w, slowed in ((idle_actor, 16, False), (busy_actor, 1, True)):
+        two = predict(Plan("local", 1, w, threads=2), t, WORK, cores=2)
+        alone = t.learn_step("cpu", 64, 2, 32)
+        assert (two.times["learn"] > 1.2 * alone) == slowed
+    own_core = predict(Plan("local", 1, 1, threads=1), busy_actor, WORK, cores=2)
+    assert own_core.times["learn"] == busy_actor.learn_step("cpu", 64, 1, 32)   # no sharing, no penalty
+
+
 def test_gpu_takes_the_learner_when_faster_including_transfers():
     t = synthetic_table(gpus=("Synthetic GPU",), learn_s={"cpu": 2e-3, "cuda:0": 0.3e-3},
                         infer_s={"cpu": (40e-6, 1e-6), "cuda:0": (60e-6, 0.1e-6)},

@@ -178,3 +178,15 @@ def test_profile_and_plan_on_a_gpu(cache):
     assert r.predicted_env_steps_per_s > 0
     gpu = plan(cfg, profile=t, pins={"device": "cuda:0"})
     assert gpu.plan.learner_device == "cuda:0" and "cuda:0" in gpu.busy
+
+
+def test_thread_ratio_is_measured_in_pairs():
+    import torch
+
+    from hetrl.planner.measure import measure_threads
+
+    a = torch.randn(256, 256)
+    before = torch.get_num_threads()
+    t = measure_threads(lambda: a @ a, 2, cap_s=0.5, min_round_s=0.002)
+    assert t.s > 0 and t.rounds >= 1 and t.calls >= 1
+    assert torch.get_num_threads() == before   # the caller's thread count is restored
