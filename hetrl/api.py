@@ -68,6 +68,7 @@ class Run:
         self.best: dict[str, Any] = {}   # best evaluated policy: state, env_steps, eval_return_mean
         self.plan_info: dict[str, Any] = {}  # the planner's plan and predicted figures (--plan auto)
         self.eval_s = 0.0
+        self.learn_mark: tuple[float, int] | None = None  # (wall_s, env_steps) when learning began
 
     @property
     def algo(self):
@@ -130,6 +131,8 @@ class Run:
                     self._periodic_eval(logger)
                     next_eval = (s.c.env_steps // interval + 1) * interval
                 s.c.wall_s = time.perf_counter() - t_start - self.eval_s
+                if self.learn_mark is None and s.c.gradient_steps > 0:
+                    self.learn_mark = (s.c.wall_s, s.c.env_steps)
                 logger.episodes(eps)
                 f = s.figures()
                 logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
@@ -156,9 +159,17 @@ class Run:
                                final_eval_return_std=last["eval_return_std"])
         return ev
 
+    def _learning_rate(self) -> dict:
+        """env steps/s from the first gradient step on: the steady state the planner predicts
+        (the warm-up before learning_starts only acts, so it runs faster)."""
+        c = self.schedule.c
+        if self.learn_mark is None or c.wall_s <= self.learn_mark[0] or c.env_steps <= self.learn_mark[1]:
+            return {}
+        return {"env_steps_per_s_learning": (c.env_steps - self.learn_mark[1]) / (c.wall_s - self.learn_mark[0])}
+
     def _result(self) -> dict:
         return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
-                "schedule": self.cfg.schedule, **self.schedule.figures(),
+                "schedule": self.cfg.schedule, **self.schedule.figures(), **self._learning_rate(),
                 "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
                 "device": str(self.schedule.device), "interrupted": self.interrupted,
                 "eval_s": self.eval_s, "policy": "best" if self.cfg.keep_best and self.best else "last",

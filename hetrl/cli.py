@@ -164,11 +164,13 @@ def _schedule_flags(args) -> dict:
 
 
 def _summary(result: dict, out: Path) -> None:
-    if result.get("predicted_env_steps_per_s") and result.get("env_steps_per_s"):
-        err = result["env_steps_per_s"] / result["predicted_env_steps_per_s"] - 1
-        print(f"hetrl: measured {result['env_steps_per_s']:,.0f} env steps/s vs predicted "
-              f"{result['predicted_env_steps_per_s']:,.0f} ({err:+.0%})", file=sys.stderr)
-    keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "train_samples_per_s",
+    measured = result.get("env_steps_per_s_learning")
+    if result.get("predicted_env_steps_per_s") and measured:
+        err = measured / result["predicted_env_steps_per_s"] - 1
+        print(f"hetrl: measured {measured:,.0f} env steps/s while learning vs predicted "
+              f"{result['predicted_env_steps_per_s']:,.0f} ({err:+.0%}); "
+              f"{result['env_steps_per_s']:,.0f} over the whole run (warm-up included)", file=sys.stderr)
+    keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "env_steps_per_s_learning", "train_samples_per_s",
             "eval_return_mean", "eval_return_std", "policy", "best_env_steps", "final_eval_return_mean",
             "predicted_env_steps_per_s",
             # local and ray schedule figures (absent under inline)
