@@ -50,6 +50,12 @@ def _iqr_rel(values: list[float]) -> float:
     return (q[2] - q[0]) / med if med > 0 else 0.0
 
 
+def _settled(medians: list[float], min_rounds: int, window: int, tol: float) -> bool:
+    """The last ``window`` running medians agree within ``tol`` (after ``min_rounds`` rounds)."""
+    last = medians[-window:]
+    return len(medians) >= min_rounds and len(last) == window and (max(last) - min(last)) <= tol * medians[-1]
+
+
 def measure(fn: Callable[[], object], *, sync: Callable[[], object] | None = None, tol: float = 0.05,
             window: int = 4, min_rounds: int = 8, min_round_s: float = 0.01, cap_s: float = 1.0,
             max_calls: int = 1 << 16, clock: Callable[[], float] = time.perf_counter) -> Timing:
@@ -84,9 +90,7 @@ def measure(fn: Callable[[], object], *, sync: Callable[[], object] | None = Non
             sync()
         values.append((clock() - t0) / n)
         medians.append(statistics.median(values))
-        last = medians[-window:]
-        if len(values) >= min_rounds and len(last) == window and \
-                (max(last) - min(last)) <= tol * medians[-1]:
+        if _settled(medians, min_rounds, window, tol):
             stable = True
             break
         if time.perf_counter() - start > cap_s:
@@ -122,8 +126,7 @@ def measure_threads(fn: Callable[[], object], threads: int, *, tol: float = 0.05
             got = {t: round_s(t, n) for t in order}
             ratios.append(got[threads] / got[1])
             medians.append(statistics.median(ratios))
-            last = medians[-window:]
-            if len(ratios) >= min_pairs and len(last) == window and (max(last) - min(last)) <= tol * medians[-1]:
+            if _settled(medians, min_pairs, window, tol):
                 stable = True
                 break
             if time.perf_counter() - start > cap_s:

@@ -548,11 +548,13 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 out[name] = v.to(dev, torch_dtype(dt))
             return out, torch.ones(K, B, device=dev)
 
-        def timed_learn(dev, th, algo, batch, wts, one: dict | None) -> Timing:
-            """One learner call on ``dev``; with t > 1 CPU threads: the 1-thread figure ``one``
-            (seconds per call) x the t-thread / 1-thread ratio of wall times (see the docstring)."""
+        def timed_learn(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
+            """Seconds per gradient step of ``algo.learn`` (``steps`` per call) on ``dev``; with
+            t > 1 CPU threads: the 1-thread figure ``one`` x the t / 1-thread wall-time ratio."""
             if one is None:
-                return measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
+                t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
+                t.s /= steps
+                return t
             r = measure_threads(lambda: algo.learn(batch, wts), th, tol=tol, cap_s=budget.cap())
             return Timing(one["s"] * r.s, r.spread, r.rounds, r.calls, r.stable)
 
@@ -566,7 +568,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                     c = type(cfg)(**{**cfg.to_dict(), "batch_size": B})
                     algo = make_algorithm(c, obs_space, act_space, dev)
                     batch, wts = synth(B, 1, dev)
-                    t = timed_learn(dev, th, algo, batch, wts, data["learn"][dev]["1"].get(str(B)) if th > 1 else None)
+                    t = timed_learn(dev, th, algo, batch, wts, 1, data["learn"][dev]["1"][str(B)] if th > 1 else None)
                     data["learn"][dev][str(th)][str(B)] = t.to_json()
                 if grid["k_groups"]:
                     data["learn_grouped"].setdefault(dev, {})[str(th)] = {}
@@ -575,9 +577,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                     say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
                     algo = make_algorithm(cfg, obs_space, act_space, dev)
                     batch, wts = synth(B, K, dev)
-                    one = data["learn_grouped"][dev]["1"].get(str(K)) if th > 1 else None
-                    t = timed_learn(dev, th, algo, batch, wts, None if one is None else {**one, "s": one["s"] * K})
-                    t.s /= K
+                    one = data["learn_grouped"][dev]["1"][str(K)] if th > 1 else None
+                    t = timed_learn(dev, th, algo, batch, wts, K, one)
                     data["learn_grouped"][dev][str(th)][str(K)] = t.to_json()
             torch.set_num_threads(1)
             algo = make_algorithm(cfg, obs_space, act_space, dev)
