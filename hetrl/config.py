@@ -93,6 +93,15 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# The system's settings: where and how fast the parts run, never what the agent learns. The
+# planner may choose them, and `hetrl train --resume DIR` may change them (a run started inline
+# can continue on a cluster). Every other key belongs to the preset (and to the user).
+SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
+               "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
+               "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
+               "log_interval")
+
+
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "dqn": {"tau": 1.0},
     "ddpg": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},

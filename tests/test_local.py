@@ -20,7 +20,8 @@ from hetrl.api import Run
 from hetrl.config import make_config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import ReplayBuffer
-from hetrl.runtime.local import _BatchSource, layout
+from hetrl.runtime.layout import layout
+from hetrl.runtime.local import _BatchSource
 from hetrl.runtime.local_actor import StagingCollector
 from hetrl.runtime.shm import ParamStore, SharedArrays
 

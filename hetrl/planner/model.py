@@ -53,12 +53,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from hetrl.planner.profile import ProfileTable, grads_per_phase
+from hetrl.runtime.layout import chunk_size, group_size
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
 SPIN = 2.0                   # slow-down of a multi-threaded learner next to a fully busy actor (fit: bench_planner)
-LOCAL_GROUP_MAX = 32         # hetrl/runtime/local.py GROUP_MAX: gradient steps per learn call
-LOCAL_MIN_CHUNK_STEPS = 8    # hetrl/runtime/local.py MIN_CHUNK_STEPS: vector steps per insert message
 IPC_MESSAGE_BYTES = 256      # a chunk notice (the data itself is staged in shared memory)
 KEY_BYTES, WEIGHT_BYTES, TD_BYTES = 8, 4, 4
 
@@ -162,19 +161,13 @@ def _chunk(plan: Plan, work: Workload) -> int:
     w, N = plan.envs_per_actor, plan.actors
     if plan.schedule == "inline":
         return max(w, w * math.ceil(work.train_freq / w))
-    if not work.batched_insert:
-        return w
-    if work.insert_chunk:
-        return w * math.ceil(work.insert_chunk / w)
-    return max(LOCAL_MIN_CHUNK_STEPS, math.ceil(work.train_freq / (N * w))) * w
+    return chunk_size(work.train_freq, N, w, work.batched_insert, work.insert_chunk)
 
 
 def _group(plan: Plan, work: Workload) -> int:
-    if work.prioritized:
-        return 1
     if plan.schedule == "inline":
-        return work.grads_per_phase
-    return max(1, min(LOCAL_GROUP_MAX, work.grads_per_phase))
+        return 1 if work.prioritized else work.grads_per_phase
+    return group_size(work.grads_per_phase, work.prioritized)
 
 
 def _per_publish(plan: Plan, work: Workload) -> int:

@@ -59,12 +59,11 @@ from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import ReplayBuffer, RatioRule
 from hetrl.runtime.inline import Counters, resolve_device
+from hetrl.runtime.layout import Layout, layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
 from hetrl.runtime.shm import ParamStore, SharedArrays
 
 PHASE_S = 0.1            # a phase() returns after about this long, so Ctrl-C is seen quickly
-GROUP_MAX = 32           # gradient steps per algo.learn call (uniform replay)
-MIN_CHUNK_STEPS = 8      # vector steps per insert message at least (auto chunk)
 MAX_RESTARTS = 5         # per actor, before the run gives up
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
 # what every actor imports; actors get their policy pickled from the learner and build no
@@ -81,51 +80,6 @@ class LocalCounters(Counters):
     restarts: int = 0
     insert_messages: int = 0
     params_version: int = 0
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How the local schedule is cut: the numbers derived from a Config."""
-
-    actors: int
-    envs_per_actor: int
-    chunk: int                     # env steps per grant / insert message
-    group: int                     # gradient steps per algo.learn call at most
-    spi: float                     # samples (transitions) per insert (env step)
-    min_size: int                  # env steps inserted before the first sample
-    error_buffer: float            # Reverb error_buffer in samples (tolerance x SPI)
-    learner_threads: int
-    publish_every: int             # gradient steps between parameter publications
-
-
-def layout(cfg: Config, cores: int | None = None) -> Layout:
-    """`cores`: the CPUs actors and learner share (default: this machine's; the ray schedule
-    passes its cluster's)."""
-    cores = cores or os.cpu_count() or 1
-    n = cfg.actors or max(1, min(4, cores - 1))
-    m = cfg.envs_per_actor or max(1, cfg.num_envs // n)
-    if not cfg.batched_insert:
-        chunk = m
-    elif cfg.insert_chunk:
-        chunk = -(-cfg.insert_chunk // m) * m
-    else:  # the actors together insert about train_freq env steps per round, 8 vector steps at least
-        chunk = max(MIN_CHUNK_STEPS, -(-cfg.train_freq // (n * m))) * m
-    per_phase = cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq
-    group = 1 if cfg.prioritized else max(1, min(GROUP_MAX, per_phase))
-    spi = cfg.replay_ratio * cfg.batch_size
-    min_size = max(cfg.learning_starts, cfg.batch_size)
-    need = cfg.batch_size + chunk * spi  # the window must hold one batch plus one chunk, or both sides block
-    if cfg.rate_tolerance:
-        b = cfg.rate_tolerance * spi
-        if 2 * b < need:
-            raise UsageError(f"rate_tolerance={cfg.rate_tolerance} env steps is too small for chunks of {chunk} "
-                             f"env steps and batches of {cfg.batch_size}: both sides could block; use at least "
-                             f"{math.ceil(need / (2 * spi))}")
-    else:  # every actor may hold one chunk in flight while the learner draws a full group
-        b = spi * n * chunk + group * cfg.batch_size
-    b = max(b, 1.0, spi, cfg.batch_size)
-    threads = cfg.threads or max(1, cores - n)
-    return Layout(n, m, chunk, group, spi, min_size, b, threads, max(1, cfg.publish_interval * per_phase))
 
 
 def _context(warm: bool = False):

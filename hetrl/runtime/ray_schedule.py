@@ -47,7 +47,8 @@ from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay.server import ReplayServer
 from hetrl.runtime.inline import resolve_device
-from hetrl.runtime.local import LocalCounters, actor_learner_figures, layout, sigterm_as_sigint
+from hetrl.runtime.layout import layout
+from hetrl.runtime.local import LocalCounters, actor_learner_figures, sigterm_as_sigint
 
 PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)

@@ -1,0 +1,83 @@
+"""How a schedule with actor processes is cut: actors, envs, insert chunks, learner groups.
+
+One module for the runtime and the planner (hetrl/planner/model.py prices the same cuts), so
+the planner can never predict a layout the runtime does not run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from hetrl.config import Config
+from hetrl.errors import UsageError
+
+GROUP_MAX = 32           # gradient steps per algo.learn call at most (uniform replay, local/ray)
+MIN_CHUNK_STEPS = 8      # vector steps per insert message at least (auto chunk)
+
+
+def chunk_size(train_freq: int, actors: int, envs_per_actor: int, batched_insert: bool = True,
+               insert_chunk: int = 0) -> int:
+    """Env steps per insert message: the actors together insert about `train_freq` env steps per
+    round, MIN_CHUNK_STEPS vector steps at least; a multiple of the actor's vector width."""
+    m = envs_per_actor
+    if not batched_insert:
+        return m
+    if insert_chunk:
+        return -(-insert_chunk // m) * m
+    return max(MIN_CHUNK_STEPS, -(-train_freq // (actors * m))) * m
+
+
+def group_size(grads_per_phase: int, prioritized: bool) -> int:
+    """Gradient steps per algo.learn call: prioritised replay samples one batch per priority
+    update (exact PER); uniform replay groups up to GROUP_MAX."""
+    return 1 if prioritized else max(1, min(GROUP_MAX, grads_per_phase))
+
+
+def grads_per_phase(cfg: Config) -> int:
+    return cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The numbers derived from a Config for a schedule with actor processes."""
+
+    actors: int
+    envs_per_actor: int
+    chunk: int                     # env steps per grant / insert message
+    group: int                     # gradient steps per algo.learn call at most
+    spi: float                     # samples (transitions) per insert (env step)
+    min_size: int                  # env steps inserted before the first sample
+    error_buffer: float            # Reverb error_buffer in samples (tolerance x SPI)
+    learner_threads: int
+    publish_every: int             # gradient steps between parameter publications
+
+
+def default_actors(cores: int) -> int:
+    return max(1, min(4, cores - 1))
+
+
+def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> Layout:
+    """`cores`: the CPUs actors and learner share (default: this machine's; the ray schedule
+    passes its cluster's). `group`: gradient steps per learn call if not group_size()'s."""
+    cores = cores or os.cpu_count() or 1
+    n = cfg.actors or default_actors(cores)
+    m = cfg.envs_per_actor or max(1, cfg.num_envs // n)
+    chunk = chunk_size(cfg.train_freq, n, m, cfg.batched_insert, cfg.insert_chunk)
+    per_phase = grads_per_phase(cfg)
+    group = group or group_size(per_phase, cfg.prioritized)
+    spi = cfg.replay_ratio * cfg.batch_size
+    min_size = max(cfg.learning_starts, cfg.batch_size)
+    need = cfg.batch_size + chunk * spi  # the window must hold one batch plus one chunk, or both sides block
+    if cfg.rate_tolerance:
+        b = cfg.rate_tolerance * spi
+        if 2 * b < need:
+            raise UsageError(f"rate_tolerance={cfg.rate_tolerance} env steps is too small for chunks of {chunk} "
+                             f"env steps and batches of {cfg.batch_size}: both sides could block; use at least "
+                             f"{math.ceil(need / (2 * spi))}")
+    else:  # every actor may hold one chunk in flight while the learner draws a full group
+        b = spi * n * chunk + group * cfg.batch_size
+    b = max(b, 1.0, spi, cfg.batch_size)
+    threads = cfg.threads or max(1, cores - n)
+    return Layout(n, m, chunk, group, spi, min_size, b, threads, max(1, cfg.publish_interval * per_phase))
