@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,11 +43,7 @@ class Policy:
     def act(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs, dtype=np.float32)
         single = obs.shape == tuple(self.algo.obs_shape)
-        batch = obs[None] if single else obs
-        if self.cfg.algo == "dqn":
-            a = self._p.greedy(batch)
-        else:
-            a = self._p.scale(self._p.deterministic(batch))
+        a = self._p.act_deterministic(obs[None] if single else obs)
         return a[0] if single else a
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, video_dir: str | None = None) -> dict:
@@ -56,7 +54,10 @@ class Policy:
 
 
 class Run:
-    """A training run: its config, the schedule that holds every part, and its figures."""
+    """A training run: its config, the schedule that holds every part, and its figures.
+
+    The run owns its schedule: `learn()` closes it when training ends, however it ends (finished,
+    Ctrl-C / SIGTERM, an error); so does `close()` and leaving a `with Run(...)` block."""
 
     def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False):
         from hetrl.runtime import make_schedule
@@ -64,11 +65,20 @@ class Run:
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
         self.schedule = make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
-        self.interrupted = False
+        self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM"
         self.best: dict[str, Any] = {}   # best evaluated policy: state, env_steps, eval_return_mean
         self.plan_info: dict[str, Any] = {}  # the planner's plan and predicted figures (--plan auto)
         self.eval_s = 0.0
-        self.learn_mark: tuple[float, int] | None = None  # (wall_s, env_steps) when learning began
+        self._replay_saved = False
+
+    def close(self) -> None:
+        self.schedule.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def algo(self):
@@ -109,42 +119,44 @@ class Run:
 
     # ---- training ----------------------------------------------------------------------
     def learn(self, progress: bool = True) -> "Run":
-        """Train to cfg.steps. Ctrl-C stops at the end of the current phase and saves."""
-        s = self.schedule
+        """Train to cfg.steps. Ctrl-C or SIGTERM stops at the end of the current phase and saves;
+        the schedule is closed on every way out."""
+        s, core = self.schedule, self.schedule.core
         logger = Logger(self.out, self.cfg.steps, self.cfg.log_interval, progress, start_step=s.c.env_steps)
-        stop = {"asked": False}
-
-        def on_sigint(signum, frame):
-            if stop["asked"]:
-                raise KeyboardInterrupt
-            stop["asked"] = True
-
-        old = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-        t_start = time.perf_counter() - s.c.wall_s
         periodic = self.cfg.keep_best and self.cfg.eval_episodes > 0
         interval = self.cfg.eval_interval or max(1, self.cfg.steps // 10)
         next_eval = (s.c.env_steps // interval + 1) * interval
+        core.start_clock()
         try:
-            while not s.done() and not stop["asked"]:
-                eps = s.phase()
-                if periodic and (s.c.env_steps >= next_eval or s.done()):
-                    self._periodic_eval(logger)
-                    next_eval = (s.c.env_steps // interval + 1) * interval
-                s.c.wall_s = time.perf_counter() - t_start - self.eval_s
-                if self.learn_mark is None and s.c.gradient_steps > 0:
-                    self.learn_mark = (s.c.wall_s, s.c.env_steps)
-                logger.episodes(eps)
-                f = s.figures()
-                logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
-                              len(logger.returns))
+            with stop_signals() as stop:
+                while not s.done() and not stop:
+                    eps = s.phase()
+                    core.tick()
+                    if periodic and (s.c.env_steps >= next_eval or s.done()):
+                        with core.clock_paused():
+                            self._periodic_eval(logger)
+                        next_eval = (s.c.env_steps // interval + 1) * interval
+                    logger.episodes(eps)
+                    f = s.figures()
+                    logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
+                                  len(logger.returns))
+            self.interrupted = stop.signal or False
+            self.result = self._result()
+            if self.out is not None:
+                self.save(self.out, replay=self.save_replay)
+        except BaseException as e:  # the env's error, a second Ctrl-C, ...: keep what was learned, then re-raise
+            self.interrupted = "SIGINT" if isinstance(e, KeyboardInterrupt) else f"error: {type(e).__name__}: {e}"
+            if self.out is not None and s.c.env_steps:
+                with contextlib.suppress(Exception):
+                    self.result = self._result()
+                    self.save(self.out, replay=self.save_replay)
+                    print(f"hetrl: stopped by {self.interrupted.split(':')[0]} at {s.c.env_steps:,} env steps; "
+                          f"checkpoint saved in {self.out} (continue with `hetrl train --resume {self.out}`)",
+                          file=sys.stderr)
+            raise
         finally:
-            if old is not None:
-                signal.signal(signal.SIGINT, old)
             logger.close()
-        self.interrupted = stop["asked"]
-        self.result = self._result()
-        if self.out is not None:
-            self.save(self.out, replay=self.save_replay)
+            self.schedule.close()
         return self
 
     def evaluate(self, episodes: int | None = None, video_dir: str | None = None) -> dict:
@@ -159,17 +171,9 @@ class Run:
                                final_eval_return_std=last["eval_return_std"])
         return ev
 
-    def _learning_rate(self) -> dict:
-        """env steps/s from the first gradient step on: the steady state the planner predicts
-        (the warm-up before learning_starts only acts, so it runs faster)."""
-        c = self.schedule.c
-        if self.learn_mark is None or c.wall_s <= self.learn_mark[0] or c.env_steps <= self.learn_mark[1]:
-            return {}
-        return {"env_steps_per_s_learning": (c.env_steps - self.learn_mark[1]) / (c.wall_s - self.learn_mark[0])}
-
     def _result(self) -> dict:
         return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
-                "schedule": self.cfg.schedule, **self.schedule.figures(), **self._learning_rate(),
+                "schedule": self.cfg.schedule, **self.schedule.figures(),
                 "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
                 "device": str(self.schedule.device), "interrupted": self.interrupted,
                 "eval_s": self.eval_s, "policy": "best" if self.cfg.keep_best and self.best else "last",
@@ -182,7 +186,7 @@ class Run:
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
         d = Path(path)
         d.mkdir(parents=True, exist_ok=True)
-        replay = self.save_replay if replay is None else replay
+        replay = (self.save_replay and not self._replay_saved) if replay is None else replay
         state = self.schedule.state_dict(with_replay=False)
         if self.best:
             state["best"] = self.best
@@ -190,6 +194,7 @@ class Run:
                      "env": env_name(self.env), **state}, d / "checkpoint.pt")
         if replay:
             atomic_save(self.schedule.replay.state_dict(), d / "replay.pt")
+            self._replay_saved = True
         self.result = {**self._result(), **_evals(self.result)}
         write_json(self.result, d / "result.json")
         return d
@@ -199,10 +204,37 @@ def _evals(result: dict) -> dict:
     return {k: v for k, v in result.items() if k.startswith(("eval_", "final_eval_"))}
 
 
-def _main_thread() -> bool:
-    import threading
+class _Stop:
+    """Set by the first SIGINT or SIGTERM; `signal` names it."""
 
-    return threading.current_thread() is threading.main_thread()
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Ctrl-C (SIGINT) and SIGTERM (`timeout`, a cluster scheduler) ask the run to stop at the end of
+    the current phase, with a checkpoint; a second one stops at once (KeyboardInterrupt). Under every
+    schedule: actors ignore both and leave the stop to the learner. Off the main thread, no handler."""
+    stop = _Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_signal(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.signal = signal.Signals(signum).name
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughput",
@@ -231,6 +263,10 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s ({result.bottleneck}); `hetrl plan` explains it")
     new = result.apply(cfg)
+    if "fastpath" not in settings:  # the learner kernel the profile measured faster
+        import dataclasses
+
+        new = dataclasses.replace(new, fastpath=bool(result.fastpath))
     if cfg.schedule == "ray":
         import dataclasses
 
@@ -278,23 +314,44 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
 
 
 def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = None,
-           progress: bool = True, evaluate_episodes: int | None = None) -> Run:
-    """Continue the run saved in `run_dir` (to `steps` total env steps if given)."""
+           progress: bool = True, evaluate_episodes: int | None = None, plan: str = "none",
+           objective: str = "throughput", **system: Any) -> Run:
+    """Continue the run saved in `run_dir` (to `steps` total env steps if given), under any schedule.
+
+    The algorithm's settings stay those saved; `system` may change where and how the run goes on
+    (config.SYSTEM_KEYS: schedule, device, threads, actors, envs_per_actor, ray_address, ...), so a
+    run started inline on a laptop can continue on a cluster. plan="auto" plans around them."""
+    from hetrl.config import SYSTEM_KEYS
+
     ckpt = read_checkpoint(run_dir)
     cfgd = dict(ckpt["config"])
+    done = ckpt["counters"]["env_steps"]
     if steps is not None:
-        if steps <= ckpt["counters"]["env_steps"]:
-            raise UsageError(f"--steps {steps} is not beyond the {ckpt['counters']['env_steps']} env steps "
-                             "already done; pass a larger total")
+        if steps <= done:
+            raise UsageError(f"--steps {steps} is not beyond the {done} env steps already done; pass a larger total")
         cfgd["steps"] = steps
+    system = {k: v for k, v in system.items() if v is not None}
+    fixed = sorted(k for k in system if k not in SYSTEM_KEYS)
+    if fixed:
+        raise UsageError(f"--resume keeps the algorithm's settings saved in the run, so {', '.join(fixed)} cannot "
+                         f"change; only the system's may ({', '.join(SYSTEM_KEYS)})")
+    cfgd.update(system)
     algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
     cfg = make_config(algo, env_id, cfgd)
+    planned: dict[str, Any] = {}
+    if plan == "auto":
+        cfg, planned = auto_plan(cfg, system, objective, quiet=not progress)
     replay = read_replay(run_dir)
     run = Run(cfg, env or env_id, Path(run_dir), save_replay=replay is not None)
+    run.plan_info = planned
     state = dict(ckpt)
     if replay is not None:
         state["replay"] = replay
-    run.schedule.load_state_dict(state)
+    try:
+        run.schedule.load_state_dict(state)
+    except BaseException:
+        run.close()
+        raise
     run.best = dict(ckpt.get("best", {}))
     run.learn(progress=progress)
     n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes

@@ -1,7 +1,7 @@
 """The `hetrl` command.
 
     hetrl train ALGO --env ID [--steps N] [--seed S] [--out DIR] [--set key=value ...] [--config FILE.yaml]
-    hetrl train --resume DIR [--steps N]
+    hetrl train --resume DIR [--steps N] [--schedule S] [--actors N] [--address A] [--set device=...]
     hetrl eval DIR [--episodes N] [--render video|rgb_array]
     hetrl settings ALGO --env ID          (the effective settings: defaults < preset < file < --set)
     hetrl tabular ALGO --env ID ...       (parallel tabular Q-learning / SARSA)
@@ -34,9 +34,10 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
     p.add_argument("--save-replay", action="store_true", help="also save the replay (exact --resume)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--plan", choices=["auto", "none"], default="auto",
-                   help="auto (default): profile once, then let the planner place the parts and choose the "
-                        "actor count around what you set by hand; none: run the settings as given")
+    p.add_argument("--plan", choices=["auto", "none"], default=None,
+                   help="auto (default for a new run): profile once, then let the planner place the parts and "
+                        "choose the actor count around what you set by hand; none (default with --resume): run "
+                        "the settings as given")
     p.add_argument("--objective", choices=["throughput", "efficiency"], default="throughput",
                    help="what --plan auto optimises: env steps/s, or env steps per joule")
     # schedules (hetrl/runtime/): shorthands for --set schedule=/actors=/envs_per_actor=/ray_address=
@@ -115,12 +116,16 @@ def cmd_train(args) -> int:
 
     progress = not args.no_progress
     if args.resume:
-        if args.algo or args.env or args.sets or args.config or _schedule_flags(args):
-            raise UsageError("--resume takes the settings saved in the run; drop ALGO/--env/--set/--config "
-                             "(only --steps may change)")
-        run = api.resume(args.resume, steps=args.steps, progress=progress)
+        if args.algo or args.env or args.config:
+            raise UsageError("--resume takes the algorithm's settings saved in the run; drop ALGO/--env/--config "
+                             "(--steps, --schedule, --actors, --envs-per-actor, --address, --plan and system "
+                             "settings such as --set device=cuda may change)")
+        from hetrl.config import parse_sets
+
+        run = api.resume(args.resume, steps=args.steps, progress=progress, plan=args.plan or "none",
+                         objective=args.objective, **{**parse_sets(args.sets), **_schedule_flags(args)})
         _summary(run.result, Path(args.resume))
-        return 130 if run.interrupted else 0
+        return _exit_code(run)
     if not args.algo or not args.env:
         raise UsageError("train needs ALGO and --env, e.g. `hetrl train dqn --env CartPole-v1`")
     over = _overrides(args)
@@ -133,7 +138,7 @@ def cmd_train(args) -> int:
     out = Path(args.out or f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
     check_out_dir(out, args.force)
     planned = None
-    if args.plan == "auto":
+    if (args.plan or "auto") == "auto":
         cfg, planned = api.auto_plan(cfg, over, args.objective)
     print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps "
           f"(schedule {cfg.schedule}, device {cfg.device}, {cfg.num_envs} envs) -> {out}", file=sys.stderr)
@@ -142,14 +147,19 @@ def cmd_train(args) -> int:
         run.plan_info = planned
     run.learn(progress=progress)
     if run.interrupted:
-        print(f"hetrl: interrupted at {run.result['env_steps']:,} env steps; checkpoint saved in {out} "
-              f"(continue with `hetrl train --resume {out}`)", file=sys.stderr)
-        return 130
+        print(f"hetrl: interrupted ({run.interrupted}) at {run.result['env_steps']:,} env steps; checkpoint saved "
+              f"in {out} (continue with `hetrl train --resume {out}`)", file=sys.stderr)
+        return _exit_code(run)
     if cfg.eval_episodes:
         run.evaluate(cfg.eval_episodes)
         run.save(out)
     _summary(run.result, out)
     return 0
+
+
+def _exit_code(run) -> int:
+    """0, or the shell's code for the signal that stopped the run (128 + 2 SIGINT, 128 + 15 SIGTERM)."""
+    return {"SIGINT": 130, "SIGTERM": 143}.get(run.interrupted, 0) if run.interrupted else 0
 
 
 def _schedule_flags(args) -> dict:

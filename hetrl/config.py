@@ -36,6 +36,7 @@ class Config:
     env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
+    fastpath: bool = False              # CPU learner: hand-derived gradients (algos/fastpath.py); the planner turns it on where faster
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
     envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)
@@ -99,7 +100,7 @@ class Config:
 SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
                "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
                "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
-               "log_interval")
+               "log_interval", "fastpath")
 
 
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {

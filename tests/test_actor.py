@@ -2,6 +2,7 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from hetrl.actors import Actor
 
@@ -68,3 +69,25 @@ def test_unknown_envpool_id_is_a_usage_error():
 
     with pytest.raises(UsageError, match="env_backend"):
         make_vector_env(short_cartpole, 2, seed=0, backend="envpool")
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_collect_into_a_destination_writes_what_collect_returns(n_step):
+    """The local schedule's staging area is a destination of the one Actor.collect, not a second loop."""
+    from hetrl.algos import make_algorithm, replay_spec
+    from hetrl.config import make_config
+
+    cfg = make_config("dqn", "CartPole-v1", {"net_arch": [16], "n_step": n_step})
+    env = gym.make("CartPole-v1")
+    algo = make_algorithm(cfg, env.observation_space, env.action_space)
+    spec = replay_spec(env.observation_space, env.action_space)
+    ref = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
+    act = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
+    out = {k: np.zeros((200 + 4 * n_step, *s), d) for k, (s, d) in spec.items()}
+    for _ in range(3):
+        want = ref.collect(200, lambda s: 0.3)
+        rows = act.collect(200, lambda s: 0.3, out=out)
+        assert rows == len(want["obs"])
+        for k in spec:
+            np.testing.assert_array_equal(out[k][:rows], want[k], err_msg=k)
+    assert act.drain_episodes() == ref.drain_episodes()

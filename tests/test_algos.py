@@ -1,5 +1,7 @@
 """Learner targets: n-step discount, terminated (no bootstrap) vs truncated (bootstrap)."""
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -70,12 +72,17 @@ def test_ddpg_policy_scales_actions_to_bounds():
 
 
 def test_dqn_fast_path_equals_autograd_bit_for_bit():
-    """MLPGrad's explicit backward gives exactly the autograd loss's parameters after updates."""
+    """The optional fast path (hand-derived gradients, direct fused Adam) gives exactly the public
+    path's (autograd + torch.optim.Adam(fused=True)) parameters after updates."""
+    from hetrl.algos import fastpath
+
+    assert fastpath.available()
     torch.manual_seed(0)
     space = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [32, 16], "max_grad_norm": 0.5})
-    fast, ref = make_algorithm(cfg, *space), make_algorithm(cfg, *space)
-    ref.fast = None
+    fast = make_algorithm(dataclasses.replace(cfg, fastpath=True), *space)
+    ref = make_algorithm(cfg, *space)
+    assert fast.fast is not None and ref.fast is None
     ref.q.load_state_dict(fast.q.state_dict())
     ref.q_target.load_state_dict(fast.q_target.state_dict())
     K, B = 6, 16
@@ -93,8 +100,8 @@ def test_ddpg_fast_path_matches_autograd():
     torch.manual_seed(0)
     spaces = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)))
     cfg = make_config("ddpg", "Pendulum-v1", {"net_arch": [32, 16]})
-    fast, ref = make_algorithm(cfg, *spaces), make_algorithm(cfg, *spaces)
-    ref.fast = False
+    fast, ref = make_algorithm(dataclasses.replace(cfg, fastpath=True), *spaces), make_algorithm(cfg, *spaces)
+    assert fast.fast is not None and ref.fast is None
     for name in ("actor", "actor_target", "critic", "critic_target"):
         getattr(ref, name).load_state_dict(getattr(fast, name).state_dict())
     K, B = 5, 16

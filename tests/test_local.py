@@ -21,9 +21,8 @@ from hetrl.config import make_config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import ReplayBuffer
 from hetrl.runtime.layout import layout
-from hetrl.runtime.local import _BatchSource
-from hetrl.runtime.local_actor import StagingCollector
-from hetrl.runtime.shm import ParamStore, SharedArrays
+from hetrl.runtime.local import _Batches
+from hetrl.runtime.shm import SharedArrays
 
 
 # ---- env factories the actor processes import from this module ----------------------------------
@@ -84,45 +83,6 @@ def test_shared_arrays_have_no_name():
     block.close()
 
 
-def test_param_store_seqlock():
-    store = ParamStore({"w": torch.zeros(3), "b": torch.zeros(2)})
-    assert store.read(-1) is None and store.version == -1
-    store.publish({"w": torch.ones(3), "b": torch.full((2,), 2.0)}, 0)
-    state, v = store.read(-1)
-    assert v == 0 and torch.equal(state["w"], torch.ones(3)) and torch.equal(state["b"], torch.full((2,), 2.0))
-    assert store.read(0) is None  # nothing newer
-    store.block["header"][0] += 1  # a writer mid-way: odd sequence number
-    assert store.read(-1) is None
-    store.block["header"][0] += 1
-    store.publish({"w": torch.full((3,), 3.0), "b": torch.zeros(2)}, 1)
-    assert store.read(0)[1] == 1 and store.version == 1
-
-
-# ---- actor staging and learner batches match the inline parts --------------------------------
-@pytest.mark.parametrize("n_step", [1, 3])
-def test_staging_collector_writes_what_actor_collect_returns(tiny, n_step):
-    cfg = cfg_of({**tiny, "n_step": n_step})
-    env = gym.make("CartPole-v1")
-    algo = make_algorithm(cfg, env.observation_space, env.action_space)
-    spec = replay_spec(env.observation_space, env.action_space)
-
-    def explore(steps):
-        return 0.3
-
-    ref = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
-    act = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
-    rows = 200 + 4 * n_step
-    staging = SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
-    col = StagingCollector(act, staging, spec, 4, preallocate=True)
-    for half in (0, 1, 0):
-        want = ref.collect(200, explore)
-        got = col.collect(half, 200, explore)
-        assert got == len(want["obs"])
-        for k in spec:
-            np.testing.assert_array_equal(staging[f"{half}:{k}"][:got], want[k], err_msg=k)
-    assert col.drain() == ref.drain_episodes()
-
-
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_batch_source_draws_what_replay_sample_draws(prioritized):
     spec = {"obs": ((3,), "float32"), "action": ((), "int64")}
@@ -133,11 +93,10 @@ def test_batch_source_draws_what_replay_sample_draws(prioritized):
         r.insert(data)
         if prioritized:
             r.update_priorities(np.arange(80), np.linspace(0.1, 5, 80))
-    src = _BatchSource(b, spec, 8, 4, preallocate=True)
+    src = _Batches(b, spec, 8, 4, preallocate=True)
     for g in (4, 2, 4):
         batch, keys, w = a.sample(g * 8)
-        g2, stack, keys2, w2 = src.draw(g)
-        assert g2 == g
+        stack, keys2, w2 = src.draw(g)
         np.testing.assert_array_equal(keys, keys2)
         torch.testing.assert_close(w.view(g, 8), w2)
         for k in spec:
@@ -203,6 +162,61 @@ def test_actor_error_surfaces_in_parent(local):
     with pytest.raises(HetrlError, match="boom: the env broke") as info:
         hetrl.train("dqn", failing_cartpole, progress=False, **local)
     assert "actor 0 failed: RuntimeError" in str(info.value) and "Traceback" in str(info.value)
+
+
+def late_failing_cartpole():
+    return _Fails(gym.make("CartPole-v1"), after=150)
+
+
+def test_run_closes_its_schedule_and_keeps_its_work_on_an_error(local, tmp_path):
+    """An env error mid-run: the error is raised with the env's traceback, the checkpoint of what was
+    learned and result.json are written first, and no actor process is left."""
+    import json
+
+    out = tmp_path / "run"
+    run = Run(cfg_of({**local, "steps": 2000, "insert_chunk": 100}), late_failing_cartpole, out)
+    pids = run.schedule.actor_pids()
+    with pytest.raises(HetrlError, match="boom"):
+        run.learn(progress=False)
+    res = json.loads((out / "result.json").read_text())
+    assert res["interrupted"].startswith("error: HetrlError") and res["env_steps"] > 0
+    assert (out / "checkpoint.pt").is_file() and run.schedule.actor_pids() == []
+    for pid in pids:
+        with pytest.raises(OSError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("schedule", ["inline", "local"])
+def test_every_actor_setting_reaches_the_actors(tiny, schedule):
+    """env_backend (and n-step, seeds, the policy) travel in one ActorSpec under every schedule:
+    asking for EnvPool where it is not installed fails in the actor, under local too."""
+    from hetrl.actors.envs import envpool_supports
+
+    if envpool_supports("CartPole-v1"):
+        pytest.skip("envpool is installed")
+    settings = {**tiny, "schedule": schedule, "env_backend": "envpool"}
+    if schedule == "local":
+        settings.update(actors=1, envs_per_actor=4)
+    with pytest.raises(UsageError, match="env_backend=envpool"):
+        hetrl.train("dqn", "CartPole-v1", progress=False, **settings)
+
+
+def test_a_checkpoint_resumes_under_another_schedule(tiny, tmp_path):
+    """One checkpoint format: a run saved inline continues under local (and back), replay included."""
+    out = tmp_path / "run"
+    hetrl.train("dqn", "CartPole-v1", out=out, progress=False, save_replay=True, **tiny)
+    first = torch.load(out / "checkpoint.pt", weights_only=True)
+    run = hetrl.api.resume(out, steps=1000, progress=False, evaluate_episodes=0, schedule="local", actors=1,
+                           envs_per_actor=4)
+    assert run.result["schedule"] == "local" and run.result["env_steps"] == 1000
+    assert run.result["gradient_steps"] == (1000 - 200) // 10  # the preset's ratio over the whole run
+    second = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert second["config"]["schedule"] == "local" and second["config"]["lr"] == first["config"]["lr"]
+    assert float(second["algo"]["opt"]["state"][0]["step"]) == second["counters"]["gradient_steps"]
+    run = hetrl.api.resume(out, steps=1400, progress=False, evaluate_episodes=0, schedule="inline")
+    assert run.result["schedule"] == "inline" and run.result["env_steps"] == 1400
+    with pytest.raises(UsageError, match="lr cannot change"):
+        hetrl.api.resume(out, steps=2000, progress=False, lr=0.5)
 
 
 def test_killed_actor_is_replaced_and_the_run_finishes(local, capfd):
@@ -297,7 +311,7 @@ def test_learner_priorities_reach_the_tree_and_steer_the_next_samples(local):
 
     def record_draw(g):
         item = draw(g)
-        drawn.append(item[2].copy())
+        drawn.append(item[1].copy())
         return item
 
     calls = {"n": 0}

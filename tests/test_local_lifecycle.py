@@ -106,8 +106,8 @@ def test_sigint_stops_all_processes_and_saves_a_checkpoint(tmp_path):
     assert rc == 130, err
     assert (out / "checkpoint.pt").is_file(), err
     res = json.loads((out / "result.json").read_text())
-    assert res["interrupted"] is True and res["schedule"] == "local" and 0 < res["env_steps"] < 1_000_000
-    assert "interrupted at" in err and "Traceback" not in err
+    assert res["interrupted"] == "SIGINT" and res["schedule"] == "local" and 0 < res["env_steps"] < 1_000_000
+    assert "interrupted (SIGINT) at" in err and "Traceback" not in err
     assert wait_gone(tree) == set()
 
 
@@ -146,6 +146,6 @@ def test_sigterm_stops_the_run_like_ctrl_c(tiny, tmp_path):
     finally:
         timer.cancel()
         run.schedule.close()
-    assert run.interrupted and (out / "checkpoint.pt").is_file()
+    assert run.interrupted == "SIGTERM" and (out / "checkpoint.pt").is_file()
     assert 0 < run.result["env_steps"] < 10**6
     assert signal.getsignal(signal.SIGTERM) is not None and wait_gone(pids) == set()

@@ -139,7 +139,7 @@ def test_sigterm_stops_a_ray_run_with_a_checkpoint(local_ray, tmp_path):
     finally:
         timer.cancel()
         run.schedule.close()
-    assert run.interrupted and (out / "checkpoint.pt").is_file()
+    assert run.interrupted == "SIGTERM" and (out / "checkpoint.pt").is_file()
     assert 0 < run.result["env_steps"] < 10**6
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:

@@ -1,12 +1,17 @@
 """The actor: steps a vector of envs with a policy snapshot and emits batches of transitions.
 
 Inference is batched over the envs; n-step transitions are assembled on the actor side
-(NStepAdder) and handed out as one batch per `collect` call (batched insert).
+(NStepAdder). `collect` is the one acting loop of every schedule: it returns one batch per call
+(batched insert), or writes the transitions straight into a destination the caller gives (the
+local schedule's shared-memory staging area), with no list or concatenation in between.
+Every schedule builds its actors from an :class:`ActorSpec` (`ActorSpec.build()`), so every
+setting an actor needs (env backend, n-step, seeds) reaches it the same way everywhere.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -20,11 +25,43 @@ class ActingPolicy(Protocol):
     def act(self, obs: np.ndarray, explore: Optional[float]) -> tuple[np.ndarray, np.ndarray]:
         """(actions for the env, actions to store); explore=None means uniform random actions."""
 
+    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
+        """The policy's deterministic (greedy / mean) env actions, for evaluation."""
+
     def load(self, state: dict) -> None:
         """Take new parameters from the parameter store."""
 
     def episode_end(self, done: np.ndarray) -> None:
         """Reset per-env exploration state (e.g. OU noise) where `done`."""
+
+
+@dataclass
+class ActorSpec:
+    """Everything an actor needs, picklable (sent to actor processes and Ray actors as it is)."""
+
+    env: EnvSpec
+    envs: int
+    env_seed: int                 # envs get env_seed, env_seed + 1, ...
+    policy: Any                   # the learner's algo.make_policy(seed=...), an ActingPolicy
+    n_step: int = 1
+    gamma: float = 0.99
+    backend: str = "gymnasium"
+
+    def build(self) -> "Actor":
+        return Actor(self.env, self.envs, self.env_seed, self.policy, self.n_step, self.gamma, self.backend)
+
+
+class ExploreTable:
+    """explore(actor env steps) -> the learner's exploration value for that vector step of a chunk
+    (the learner's algorithm decides epsilon / the noise; actors need no copy of it)."""
+
+    __slots__ = ("table", "start", "envs")
+
+    def __init__(self, table: list, start: int, envs: int):
+        self.table, self.start, self.envs = table, start, envs
+
+    def __call__(self, actor_steps: int):
+        return self.table[min((actor_steps - self.start) // self.envs, len(self.table) - 1)]
 
 
 class Actor:
@@ -45,13 +82,18 @@ class Actor:
         self.policy.load(state)
         self.params_version = version
 
-    def collect(self, n: int, explore: Callable[[int], Optional[float]]) -> Optional[dict[str, np.ndarray]]:
-        """Step the vector env until at least `n` env steps are done; return their transitions.
+    def collect(self, n: int, explore: Callable[[int], Optional[float]],
+                out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | int | None:
+        """Step the vector env until at least `n` env steps are done.
 
         explore(env_steps) gives the exploration parameter of the algorithm (epsilon, noise std)
         or None for uniform random actions (the warm-up before learning starts).
+        Without `out`: return the transitions as one batch (None if none completed). With `out`
+        (preallocated arrays with room for n + n_step x num_envs rows): write them there, return
+        the number of rows written.
         """
-        out = []
+        parts: list[dict[str, np.ndarray]] = []
+        rows = 0
         target = self.env_steps + n
         while self.env_steps < target:
             env_action, stored_action = self.policy.act(self.obs, explore(self.env_steps))
@@ -64,7 +106,13 @@ class Actor:
                     next_obs[i] = info["final_obs"][i]
             batch = self.adder.add(self.obs, stored_action, reward, next_obs, terminated, truncated)
             if batch is not None:
-                out.append(batch)
+                k = len(batch["obs"])
+                if out is None:
+                    parts.append(batch)
+                else:
+                    for name, arr in out.items():
+                        arr[rows:rows + k] = batch[name]
+                rows += k
             self._ep_return += reward
             self._ep_len += 1
             if done.any():
@@ -75,11 +123,13 @@ class Actor:
                 self.policy.episode_end(done)
             self.obs = obs
             self.env_steps += self.num_envs
-        if not out:
+        if out is not None:
+            return rows
+        if not parts:
             return None
-        if len(out) == 1:
-            return out[0]
-        return {k: np.concatenate([b[k] for b in out]) for k in out[0]}
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
 
     def drain_episodes(self) -> list[tuple[float, int]]:
         eps, self.episodes = self.episodes, []

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.algos.nets import FlatAdam, MLPGrad, mlp, soft_update
+from hetrl.algos import fastpath
+from hetrl.algos.nets import FlatAdam, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -58,6 +59,10 @@ class DDPGPolicy:
     def deterministic(self, obs: np.ndarray) -> np.ndarray:
         return self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device)).cpu().numpy()
 
+    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
+        """mu(s), rescaled to the env's action bounds."""
+        return self.scale(self.deterministic(obs))
+
     def _noise(self, n: int, std: float) -> np.ndarray:
         eps = self.rng.standard_normal((n, len(self.low))).astype(np.float32)
         if self.noise_type == "normal":
@@ -98,9 +103,7 @@ class DDPG:
         self.critic_target.requires_grad_(False)
         self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)
         self.critic_opt = FlatAdam(self.critic, cfg.lr, cfg.max_grad_norm)
-        # plain MLPs: the same gradients without autograd's per-op overhead (see nets.MLPGrad)
-        self.fast = len(obs_shape) == 1
-        self.actor_grad, self.critic_grad = MLPGrad(self.actor.mu), MLPGrad(self.critic.q)
+        self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
         self.updates = 0
 
     def _actor(self) -> Actor:
@@ -134,31 +137,18 @@ class DDPG:
             with torch.no_grad():
                 next_q = self.critic_target(b["next_obs"], self.actor_target(b["next_obs"]))
                 target = b["reward"] + g ** b["steps"].float() * (~b["terminated"]).float() * next_q
-            if not self.fast:
+            if self.fast is None:
                 q = self.critic(b["obs"], b["action"])
                 td = q - target
                 self.critic_opt.step((weights[k] * td.pow(2)).mean())
                 self.actor_opt.step(-self.critic(b["obs"], self.actor(b["obs"])).mean())
-            else:  # the same two losses through their gradients
-                td = self._fast_step(b["obs"], b["action"], target, weights[k])
+            else:  # the same two losses through their hand-derived gradients
+                td = fastpath.ddpg_step(self, b["obs"], b["action"], target, weights[k])
             soft_update(self.critic_target, self.critic, self.cfg.tau)
             soft_update(self.actor_target, self.actor, self.cfg.tau)
             td_all[k] = td.detach().abs()
         self.updates += weights.shape[0]
         return td_all
-
-    def _fast_step(self, obs, action, target, w) -> torch.Tensor:
-        B = obs.shape[0]
-        q, acts = self.critic_grad.forward(torch.cat([obs, action], -1))
-        td = q.squeeze(-1) - target
-        self.critic_grad.backward(acts, (2.0 / B * w * td).unsqueeze(-1))   # d/dq mean(w * td^2)
-        self.critic_opt.step()
-        mu, actor_acts = self.actor_grad.forward(obs)
-        _, acts = self.critic_grad.forward(torch.cat([obs, mu], -1))
-        g = self.critic_grad.backward(acts, torch.full((B, 1), -1.0 / B, device=obs.device), params=False, input_grad=True)
-        self.actor_grad.backward(actor_acts, g[:, obs.shape[1]:])          # d/dmu of -mean(Q(s, mu))
-        self.actor_opt.step()
-        return td
 
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:

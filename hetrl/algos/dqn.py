@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetrl.algos.nets import FlatAdam, MLPGrad, mlp, soft_update
+from hetrl.algos import fastpath
+from hetrl.algos.nets import FlatAdam, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -50,7 +51,8 @@ class DQNPolicy:
         self.rng = np.random.default_rng(seed)
 
     @torch.no_grad()
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
+    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions."""
         q = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
         return q.argmax(-1).cpu().numpy()
 
@@ -59,7 +61,7 @@ class DQNPolicy:
         if explore is None:  # warm-up: uniform random actions
             a = self.rng.integers(0, self.n_actions, n)
         else:
-            a = self.greedy(obs)
+            a = self.act_deterministic(obs)
             rand = self.rng.random(n) < explore
             if rand.any():
                 a[rand] = self.rng.integers(0, self.n_actions, int(rand.sum()))
@@ -82,8 +84,7 @@ class DQN:
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
-        # plain MLP: same gradients without autograd's per-op overhead (see nets.MLPGrad)
-        self.fast = MLPGrad(self.q.q) if not cfg.dueling and len(obs_shape) == 1 else None
+        self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
         self.updates = 0
 
     def _net(self) -> QNetwork:
@@ -91,7 +92,7 @@ class DQN:
                         len(self.obs_shape))
 
     # ---- acting side -------------------------------------------------------------------
-    def make_policy(self, seed: int, device: str = "cpu") -> DQNPolicy:
+    def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DQNPolicy:
         net = self._net()
         net.load_state_dict(self.policy_state())
         return DQNPolicy(net, self.n_actions, seed, device)
@@ -131,7 +132,7 @@ class DQN:
         """One gradient step per leading index of `batches` (shape (K, B, ...)); returns |TD|
         of shape (K, B) for the priorities.  The target net is fixed during the K steps, so
         (plain DQN) all K targets come from one batched forward pass."""
-        K, B = weights.shape
+        K = weights.shape[0]
         fixed = not self.cfg.double
         targets = self._targets(batches) if fixed else None
         td_all = torch.empty_like(weights)
@@ -144,12 +145,8 @@ class DQN:
                 td = q - target
                 loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
                 self.opt.step(loss)
-            else:  # the same loss through its gradient: d/dq mean(w * huber(td)) = w * clip(td, -1, 1) / B
-                q_all, acts = self.fast.forward(b["obs"])  # (B, n_actions)
-                td = q_all.gather(-1, a).squeeze(-1) - target
-                grad_q = torch.zeros_like(q_all).scatter_(-1, a, (weights[k] * td.clamp(-1.0, 1.0) / B).unsqueeze(-1))
-                self.fast.backward(acts, grad_q)
-                self.opt.step()
+            else:  # the same loss through its hand-derived gradient
+                td = fastpath.dqn_step(self, b["obs"], a, target, weights[k])
             td_all[k] = td.detach().abs()
         self.updates += K
         return td_all

@@ -55,7 +55,7 @@ from typing import Any, Callable
 from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 
-FORMAT = "hetrl-profile/4"
+FORMAT = "hetrl-profile/5"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 
@@ -445,13 +445,14 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     import numpy as np
     import torch
 
-    from hetrl.actors import Actor, probe_spaces
+    from hetrl.actors import ActorSpec, probe_spaces
     from hetrl.actors.envs import make_vector_env
     from hetrl.algos import make_algorithm, replay_spec
     from hetrl.planner.power import device_power
     from hetrl.replay import ReplayBuffer
+    from hetrl.replay.sampler import UniformSampler
     from hetrl.replay.storage import torch_dtype
-    from hetrl.runtime.params import ParameterStore
+    from hetrl.runtime.params import InProcessParameterStore
 
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
@@ -506,13 +507,14 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         # -- envs and actors
         for w in W:
             say(f"env step, {w} env(s)")
-            venv = make_vector_env(cfg.env, w, 0)
+            venv = make_vector_env(cfg.env, w, 0, cfg.env_backend)
             acts = [venv.action_space.sample() for _ in range(64)]
             it = iter(range(1 << 62))
             data["env"][str(w)] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu).to_json()
             venv.close()
             say(f"actor step (env + inference + n-step), {w} env(s)")
-            actor = Actor(cfg.env, w, 0, algo_cpu.make_policy(seed=1), cfg.n_step, cfg.gamma)
+            actor = ActorSpec(cfg.env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
+                              cfg.env_backend).build()
 
             def step_actor(actor=actor, w=w):
                 actor.collect(w, explore)
@@ -558,6 +560,24 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
             r = measure_threads(lambda: algo.learn(batch, wts), th, tol=tol, cap_s=budget.cap())
             return Timing(one["s"] * r.s, r.spread, r.rounds, r.calls, r.stable)
 
+        # the CPU learner's kernel: the public path or the hand-derived fast path (algos/fastpath.py),
+        # whichever measures faster here; every learner figure below is of the chosen one
+        from dataclasses import replace
+
+        from hetrl.algos import fastpath
+
+        data["fastpath"] = {"chosen": False}
+        if fastpath.available() and "cpu" in devices:
+            K = max(grid["k_groups"] or [1])
+            per_step = {}
+            for flag in (False, True):
+                say(f"learner kernel on cpu ({'fast path' if flag else 'public path'}), {K} steps")
+                algo = make_algorithm(replace(cfg, fastpath=flag), obs_space, act_space, "cpu")
+                batch, wts = synth(cfg.batch_size, K, "cpu")
+                per_step[flag] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
+            data["fastpath"] = {"public_s": per_step[False], "fast_s": per_step[True],
+                                "chosen": per_step[True] < per_step[False]}
+        cfg = replace(cfg, fastpath=data["fastpath"]["chosen"])
         for dev in devices:
             data["learn"][dev] = {}
             for th in (T if dev == "cpu" else [1]):
@@ -583,7 +603,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
             torch.set_num_threads(1)
             algo = make_algorithm(cfg, obs_space, act_space, dev)
             say(f"parameter publish + load from {dev}")
-            store, pol = ParameterStore(), algo.make_policy(seed=1)
+            store, pol = InProcessParameterStore(), algo.make_policy(seed=1)
 
             def sync_params(store=store, pol=pol, algo=algo):
                 store.publish(algo.policy_state())
@@ -627,26 +647,21 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         rbp = ReplayBuffer(capacity, {"reward": ((), "float32")}, "cpu", prioritized=True, seed=0)
         rbp.storage.size = capacity
         rbp.tree.update(np.arange(capacity), rng.random(capacity) + 0.01)
-        tree = rbp.tree
         for sec in ("rm_insert", "rm_sample", "rm_uniform", "rm_update"):
             data[sec]["cpu"] = {}
         for n in I:
             say(f"replay manager insert (sum tree), {n} transitions")
             keys = rng.integers(0, capacity, n)
             data["rm_insert"]["cpu"][str(n)] = measure(
-                lambda: tree.update(keys, np.full(n, rbp.max_priority ** rbp.alpha)), cap_s=budget.cap(), **cpu).to_json()
+                lambda: rbp.sampler.on_insert(keys), cap_s=budget.cap(), **cpu).to_json()
 
-        def prio_sample(n):
-            keys = tree.sample(n, rbp.rng)
-            w = (capacity * (tree.get(keys) / tree.total)) ** (-rbp.beta)
-            w /= w.max()
-            return keys, torch.from_numpy(w.astype(np.float32))
+        uniform = UniformSampler(rbp.rng)
 
         for n in S:
             say(f"replay manager sample / update, {n} keys")
-            data["rm_sample"]["cpu"][str(n)] = measure(lambda: prio_sample(n), cap_s=budget.cap(), **cpu).to_json()
+            data["rm_sample"]["cpu"][str(n)] = measure(lambda: rbp.sampler.sample(n, capacity), cap_s=budget.cap(), **cpu).to_json()
             data["rm_uniform"]["cpu"][str(n)] = measure(
-                lambda: (rbp.rng.integers(0, capacity, size=n, dtype=np.int64), torch.ones(n)),
+                lambda: (uniform.sample(n, capacity), torch.ones(n)),
                 cap_s=budget.cap(), **cpu).to_json()
             keys = rng.integers(0, capacity, n)
             td = torch.rand(n)

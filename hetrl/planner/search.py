@@ -255,6 +255,11 @@ class PlanResult:
 
     # the figures named in the API
     @property
+    def fastpath(self) -> bool:
+        """Whether the profile measured the learner's fast path (algos/fastpath.py) faster."""
+        return bool(self.profile.get("fastpath", {}).get("chosen", False))
+
+    @property
     def predicted_env_steps_per_s(self) -> float:
         return self.prediction.env_steps_per_s
 
@@ -328,5 +333,5 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                       pins, notes, len(plans),
                       {"path": str(table.path) if table.path else None, "from_cache": table.from_cache,
                        "machine_id": table.data.get("machine_id"), "created": table.data.get("created"),
-                       "profile_s": table.data.get("profile_s")},
+                       "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {})},
                       table.key.get("algo", ""), table.key.get("env", ""))

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from hetrl.replay.storage import ArrayLike, Spec, Storage
-from hetrl.replay.sumtree import DEFAULT_FANOUT, SumTree
+from hetrl.replay.sampler import PrioritizedSampler, UniformSampler
+from hetrl.replay.sumtree import SumTree
 
 
 class ReplayBuffer:
@@ -73,19 +74,26 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer alpha must be >= 0, got {alpha}.")
         if eps <= 0:
             raise ValueError(f"ReplayBuffer eps must be > 0 (it keeps every priority positive), got {eps}.")
+        self.rng = np.random.default_rng(seed)
+        # the sampler first: a bad alpha/eps is refused before the storage is allocated
+        self.sampler: UniformSampler | PrioritizedSampler = (
+            PrioritizedSampler(int(capacity), self.rng, alpha, beta, eps, fanout) if prioritized
+            else UniformSampler(self.rng))
         self.storage = Storage(capacity, spec, device, buffers)
         self.capacity = self.storage.capacity
         self.device = self.storage.device
         self.prioritized = bool(prioritized)
-        self.alpha = float(alpha)
-        self.eps = float(eps)
+        self.alpha, self.eps = float(alpha), float(eps)
         self.beta = 0.0
         self.set_beta(beta)
-        self.max_priority = 1.0
-        self.tree: SumTree | None = (
-            SumTree(self.capacity, DEFAULT_FANOUT if fanout is None else fanout) if self.prioritized else None
-        )
-        self.rng = np.random.default_rng(seed)
+
+    @property
+    def tree(self) -> SumTree | None:
+        return self.sampler.tree
+
+    @property
+    def max_priority(self) -> float:
+        return getattr(self.sampler, "max_priority", 1.0)
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -95,22 +103,26 @@ class ReplayBuffer:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"ReplayBuffer beta must be in [0, 1], got {beta}.")
         self.beta = float(beta)
+        if self.sampler.prioritized:
+            self.sampler.set_beta(beta)
 
     # ------------------------------------------------------------------ write
     def insert(self, batch: Mapping[str, ArrayLike]) -> np.ndarray:
         """Store a batch of transitions; returns their int64 slot keys."""
         keys = self.storage.insert(batch)
-        if self.tree is not None and keys.size:
-            self.tree.update(keys, np.full(keys.shape[0], self.max_priority**self.alpha))
+        self.sampler.on_insert(keys)
         return keys
 
     # ------------------------------------------------------------------- read
-    def sample(self, n: int, beta: float | None = None) -> tuple[dict[str, torch.Tensor], np.ndarray, torch.Tensor]:
+    def sample(self, n: int, beta: float | None = None, out: dict[str, np.ndarray] | None = None
+               ) -> tuple[dict[str, torch.Tensor], np.ndarray, torch.Tensor]:
         """Sample ``n`` transitions: ``(batch, keys, weights)``.
 
         ``weights`` is a float32 tensor on the storage device:
         ``(N * P(i)) ** -beta`` normalised by its max over the batch, or all
         ones for uniform sampling.  ``beta`` overrides ``self.beta`` for this call.
+        ``out`` (CPU): preallocated arrays of at least ``n`` rows per field that the batch
+        is gathered into (the returned tensors are views of them): no allocation per batch.
         """
         size = len(self.storage)
         if n <= 0:
@@ -120,19 +132,16 @@ class ReplayBuffer:
                 f"ReplayBuffer.sample asked for {n} transitions but the replay is empty; "
                 "raise learning_starts (so the replay fills first)."
             )
-        if self.tree is None:
-            keys = self.rng.integers(0, size, size=n, dtype=np.int64)
+        if beta is not None:
+            self.set_beta(beta)
+        keys, w = self.sampler.sample(n, size)
+        if w is None:
             weights = torch.ones(n, dtype=torch.float32, device=self.device)
-            return self.storage.get(keys), keys, weights
-        beta = self.beta if beta is None else float(beta)
-        keys = self.tree.sample(n, self.rng)
-        probs = self.tree.get(keys) / self.tree.total
-        w = (size * probs) ** (-beta)
-        w /= w.max()
-        weights = torch.from_numpy(w.astype(np.float32))
-        if weights.device != self.device:
-            weights = weights.to(self.device, non_blocking=True)
-        return self.storage.get(keys), keys, weights
+        else:
+            weights = torch.from_numpy(w)
+            if weights.device != self.device:
+                weights = weights.to(self.device, non_blocking=True)
+        return self.storage.get(keys, out=out), keys, weights
 
     def update_priorities(self, keys: np.ndarray | torch.Tensor, td_errors: np.ndarray | torch.Tensor) -> None:
         """Set ``p = (|td| + eps) ** alpha`` for ``keys`` in this buffer's tree.
@@ -160,10 +169,7 @@ class ReplayBuffer:
                 f"update_priorities keys must be slots in [0, {len(self.storage)}) as returned by sample(); "
                 f"got min {keys.min()}, max {keys.max()}."
             )
-        p = np.abs(td) + self.eps
-        if p.size:
-            self.max_priority = max(self.max_priority, float(p.max()))
-        self.tree.update(keys, p**self.alpha)
+        self.sampler.update(keys, td)
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
@@ -193,10 +199,10 @@ class ReplayBuffer:
         self.storage.load_state_dict(state["storage"])
         if self.tree is not None:
             self.tree.load_state_dict(state["tree"])
-        self.max_priority = float(state["max_priority"])
-        self.alpha = float(state["alpha"])
+        self.sampler.max_priority = float(state["max_priority"])
+        self.alpha = self.sampler.alpha = float(state["alpha"])
         self.set_beta(float(state["beta"]))
-        self.eps = float(state["eps"])
+        self.eps = self.sampler.eps = float(state["eps"])
         self.rng.bit_generator.state = state["rng"]
 
     def __repr__(self) -> str:

@@ -200,11 +200,13 @@ class Storage:
         return int(n)
 
     # ------------------------------------------------------------------ read
-    def get(self, idx: np.ndarray | torch.Tensor) -> dict[str, torch.Tensor]:
+    def get(self, idx: np.ndarray | torch.Tensor, out: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
         """Gather rows ``idx`` of every field into tensors on ``self.device``.
 
         ``idx`` are slot indices in ``[0, len(self))``.  On CPU the result
         owns its memory (a copy), on CUDA it is a fresh device tensor.
+        ``out`` (CPU): preallocated arrays ``{field: (>= len(idx), *item_shape)}`` to gather into;
+        the result's tensors are views of their first ``len(idx)`` rows.
         """
         if self.on_cpu:
             if isinstance(idx, torch.Tensor):
@@ -213,6 +215,11 @@ class Storage:
             if idx.dtype != np.int64:
                 idx = idx.astype(np.int64)
             self._check_idx(idx)
+            if out is not None:
+                n = len(idx)
+                for name, arr in self._np.items():  # mode="clip": indices were checked, no second pass
+                    np.take(arr, idx, axis=0, out=out[name][:n], mode="clip")
+                return {name: torch.from_numpy(out[name][:n]) for name in self._np}
             return {
                 name: torch.from_numpy(arr[idx] if arr.ndim == 1 else np.take(arr, idx, axis=0))
                 for name, arr in self._np.items()

@@ -36,50 +36,32 @@ the shared memory, which has no name in /dev/shm (memfd), is freed with the last
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import pickle
-import signal
 import sys
-import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
 
-from hetrl.actors import probe_spaces
 from hetrl.actors.envs import EnvSpec, env_name
-from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
-from hetrl.replay import ReplayBuffer, RatioRule
-from hetrl.runtime.inline import Counters, resolve_device
-from hetrl.runtime.layout import Layout, layout
+from hetrl.replay import RatioRule, ReplayBuffer
+from hetrl.runtime.core import LearnerCore, Restarts, Schedule
+from hetrl.runtime.layout import layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
-from hetrl.runtime.shm import ParamStore, SharedArrays
+from hetrl.runtime.shm import SharedArrays, SharedParameterStore
 
 PHASE_S = 0.1            # a phase() returns after about this long, so Ctrl-C is seen quickly
-MAX_RESTARTS = 5         # per actor, before the run gives up
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
 # what every actor imports; actors get their policy pickled from the learner and build no
 # optimizer (torch.optim's first optimizer imports torch._dynamo: 1-3 s of CPU per process)
-PRELOAD = ["hetrl.runtime.local_actor", "hetrl.algos.dqn", "hetrl.algos.ddpg", "hetrl.actors", "gymnasium"]
-
-
-@dataclass
-class LocalCounters(Counters):
-    samples: int = 0               # transitions drawn (rate limiter), prefetched ones included
-    staleness_sum: float = 0.0     # sum over inserted env steps of (learner - acting) version
-    staleness_steps: int = 0
-    learner_wait_s: float = 0.0    # learner blocked waiting for data
-    restarts: int = 0
-    insert_messages: int = 0
-    params_version: int = 0
+PRELOAD = ["hetrl.runtime.local_actor", "hetrl.algos", "hetrl.actors", "gymnasium"]
 
 
 def _context(warm: bool = False):
@@ -147,7 +129,7 @@ class _Fleet:
             h.close_pipes()
 
 
-class LocalSchedule:
+class LocalSchedule(Schedule):
     name = "local"
 
     def __init__(self, cfg: Config, env: EnvSpec):
@@ -164,30 +146,18 @@ class LocalSchedule:
                              "keep rate_limit=true")
         self.lay = lay = layout(cfg)
         _context(warm=True)
-        torch.manual_seed(cfg.seed)
-        torch.set_num_threads(lay.learner_threads)
-        # denormal Adam moments make CPU arithmetic ~5x slower: flush them (every torch process)
-        torch.set_flush_denormal(True)
-        self.device = resolve_device(cfg.device)
-        self.obs_space, self.act_space = probe_spaces(env)
-        self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
-        self.spec = replay_spec(self.obs_space, self.act_space)
-        on_cpu = self.device.type == "cpu"
-        self._ring = SharedArrays({k: ((cfg.buffer_size, *s), d) for k, (s, d) in self.spec.items()}) if on_cpu else None
-        self.replay = ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
-                                   alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed,
-                                   buffers=None if self._ring is None else self._ring.arrays)
+        self.core = core = LearnerCore(cfg, env, lay.learner_threads)
+        spec, on_cpu = core.spec, core.device.type == "cpu"
+        self._ring = SharedArrays({k: ((cfg.buffer_size, *s), d) for k, (s, d) in spec.items()}) if on_cpu else None
+        self.replay = core.make_replay(buffers=None if self._ring is None else self._ring.arrays)
         self.rule = RatioRule.from_error_buffer(lay.spi, lay.min_size, lay.error_buffer)
-        self.params = ParamStore(self.algo.policy_state())
-        self.c = LocalCounters()
-        self.params.publish(self.algo.policy_state(), self.c.params_version)
-        self._published_at = 0
+        self.params = SharedParameterStore(core.algo.policy_state())
+        core.attach(self.params)
         rows = lay.chunk + cfg.n_step * lay.envs_per_actor
-        self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in self.spec.items()})
+        self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
                          for _ in range(lay.actors)]
-        self._views = [[{k: st[f"{h}:{k}"] for k in self.spec} for h in (0, 1)] for st in self._staging]
-        self._batches = _BatchSource(self.replay, self.spec, cfg.batch_size, lay.group,
-                                     preallocate=cfg.preallocate and on_cpu)
+        self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
+        self._batches = _Batches(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.preallocate and on_cpu)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.prefetch else None
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
@@ -198,9 +168,9 @@ class LocalSchedule:
         self._closed = False
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
         self.startup_s = 0.0
+        self._restarts = Restarts(core)
         self._fleet = _Fleet()
         self._finalizer = weakref.finalize(self, self._fleet.shutdown)
-        self._old_sigterm = sigterm_as_sigint()
         self._start_actors()
 
     # ---- actors ------------------------------------------------------------------------------
@@ -218,16 +188,16 @@ class LocalSchedule:
         self.startup_s = time.perf_counter() - t0
         self.c.learner_wait_s = waited
 
+    def _restart_actors(self) -> None:
+        self._fleet.shutdown()
+        self._reserved = 0
+        self._start_actors()
+
     def _spawn(self, h: _Handle) -> None:
-        cfg, lay, ctx = self.cfg, self.lay, _context()
-        offset = self.c.env_steps  # restarted / resumed actors do not replay the same episodes
-        policy_seed = cfg.seed + 1000 * h.index + 1 + offset
-        args = ActorArgs(index=h.index, cfg=cfg, env=self.env, obs_space=self.obs_space, act_space=self.act_space,
-                         envs=lay.envs_per_actor, env_seed=cfg.seed + 1000 * h.index + offset,
-                         policy_seed=policy_seed, policy=self.algo.make_policy(seed=policy_seed),
-                         staging=self._staging[h.index],
-                         params=self.params, one_thread=cfg.actor_one_thread,
-                         preallocate=cfg.preallocate)
+        ctx = _context()
+        args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor,
+                                                       self._restarts.count.get(h.index, 0)),
+                         self._staging[h.index], self.params, self.cfg.actor_one_thread)
         ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         data_r, data_w = ctx.Pipe(duplex=False)
         life_r, life_w = ctx.Pipe(duplex=False)
@@ -340,8 +310,7 @@ class LocalSchedule:
                 if n == 0 or not self._may_insert(n):
                     return
                 # the algorithm's exploration at the global step count of each vector step
-                base, m = self.c.env_steps + self._reserved, self.lay.envs_per_actor
-                table = [self.algo.exploration(base + k * m) for k in range(n // m)]
+                table = self.core.exploration(self.c.env_steps + self._reserved, n, self.lay.envs_per_actor)
                 try:
                     h.ctrl.send((half, n, table))
                 except OSError:
@@ -361,8 +330,7 @@ class LocalSchedule:
         self.c.samples += g * self.cfg.batch_size
         self._record()
         if self.cfg.prioritized:
-            frac = min(1.0, self.c.env_steps / self.cfg.steps)
-            self.replay.set_beta(self.cfg.per_beta + frac * (1.0 - self.cfg.per_beta))
+            self.replay.set_beta(self.core.beta())
         if self._pool is not None:
             self._pending = self._pool.submit(self._draw, g)
         else:
@@ -389,22 +357,13 @@ class LocalSchedule:
             g2 = self._allowed_group()
             if g2:
                 self._take(g2)
-        g, stack, keys, weights = item
-        t0 = time.perf_counter()
-        td = self.algo.learn(stack, weights)
-        t1 = time.perf_counter()
-        self.c.learner_s += t1 - t0
-        self.c.gradient_steps += g
-        self.c.phases += 1
+        stack, keys, weights = item
+        td = self.core.learn(stack, weights)
         self._join_prefetch()  # the replay changes only after the prefetch is done with it
         if self.cfg.prioritized:
             t2 = time.perf_counter()
             self.replay.update_priorities(keys, td.reshape(-1))
             self.c.replay_s += time.perf_counter() - t2
-        if self.c.gradient_steps - self._published_at >= self.lay.publish_every:
-            self.c.params_version += 1
-            self.params.publish(self.algo.policy_state(), self.c.params_version)
-            self._published_at = self.c.gradient_steps
         return True
 
     # messages -----------------------------------------------------------------------------------------
@@ -453,20 +412,13 @@ class LocalSchedule:
             raise HetrlError(f"actor {h.index} failed: {typ}: {text}\n--- the actor's traceback ---\n{tb.rstrip()}")
 
     def _insert(self, h: _Handle, half: int, rows: int, steps: int, version: int, busy: float) -> None:
-        c = self.c
         t0 = time.perf_counter()
         if rows:
             view = self._views[h.index][half]
             self.replay.insert({k: v[:rows] for k, v in view.items()})
-        before = c.env_steps
-        c.env_steps += steps
         self._reserved -= h.outstanding.pop(half, 0)
-        self.algo.on_env_steps(before, c.env_steps)
-        c.replay_s += time.perf_counter() - t0
-        c.acting_s += busy
-        c.insert_messages += 1
-        c.staleness_sum += (c.params_version - version) * steps
-        c.staleness_steps += steps
+        self.core.inserted(steps, version, busy)
+        self.c.replay_s += time.perf_counter() - t0
         self._record()
 
     def _on_exit(self, h: _Handle) -> None:
@@ -487,13 +439,11 @@ class LocalSchedule:
                     "under `if __name__ == '__main__':`)" if _main_needed(self.env) else "")
             raise HetrlError(f"actor {h.index} (pid {proc.pid}) {what} while starting; its error is printed "
                              f"above{hint}")
-        h.restarts += 1
-        self.c.restarts += 1
-        if h.restarts > MAX_RESTARTS:
+        try:
+            self._restarts.record(h.index, f"actor {h.index} (pid {proc.pid}) {what}")
+        except HetrlError:
             self.close()
-            raise HetrlError(f"actor {h.index} (pid {proc.pid}) {what}, restart {h.restarts}: giving up")
-        print(f"hetrl: actor {h.index} (pid {proc.pid}) {what}; starting a new one "
-              f"(restart {h.restarts} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
+            raise
         self._spawn(h)
 
     def _record(self) -> None:
@@ -502,49 +452,15 @@ class LocalSchedule:
 
     def _stop_actors(self) -> None:
         self._fleet.shutdown()
-        self._restore_sigterm()
 
-    def _restore_sigterm(self) -> None:
-        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._old_sigterm)
-            self._old_sigterm = None
-
-    # ---- figures and state ----------------------------------------------------------------------
-    def figures(self) -> dict:
-        return {**actor_learner_figures(self.c, self.cfg, self.lay, self.startup_s), "schedule": "local",
-                "rate_limit": self.cfg.rate_limit, "samples_per_insert": self.lay.spi,
-                "rate_error_buffer": self.lay.error_buffer,
+    # ---- figures ----------------------------------------------------------------------------------
+    def transport_figures(self) -> dict:
+        c, lay, wall = self.c, self.lay, self.c.wall_s
+        return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
+                "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0, "startup_s": self.startup_s,
+                "rate_limit": self.cfg.rate_limit, "samples_per_insert": lay.spi, "rate_error_buffer": lay.error_buffer,
                 "optimisations": {k: getattr(self.cfg, k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
-
-    def state_dict(self, with_replay: bool) -> dict:
-        counters = asdict(self.c)
-        # every learned batch is one gradient step; a drawn group not yet learned is left out
-        counters["samples"] = self.c.gradient_steps * self.cfg.batch_size
-        state = {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
-        if with_replay:
-            state["replay"] = self.replay.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.c.env_steps or self.c.gradient_steps:
-            raise HetrlError("load_state_dict must come before the first phase() of a local schedule")
-        self.algo.load_state_dict(state["algo"])
-        known = {f.name for f in fields(LocalCounters)}
-        saved = {k: v for k, v in state["counters"].items() if k in known}
-        self.c = LocalCounters(**saved)
-        if "samples" not in saved:  # a checkpoint of another schedule: it learned what it owed
-            self.c.samples = self.c.gradient_steps * self.cfg.batch_size
-        torch.set_rng_state(state["torch_rng"])
-        if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
-        self.c.params_version += 1
-        self.params.publish(self.algo.policy_state(), self.c.params_version)
-        self._published_at = self.c.gradient_steps
-        # actors were started with seeds for step 0: restart them with seeds for this step count
-        self._fleet.shutdown()
-        self._reserved = 0
-        self._start_actors()
 
     def close(self) -> None:
         if self._closed:
@@ -553,29 +469,10 @@ class LocalSchedule:
         self._fleet.shutdown()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        self._restore_sigterm()
         for block in (*self._staging, self.params.block, self._ring):
             if block is not None:
                 block.close()  # our descriptors; the mappings (and the replay) stay valid
         self._finalizer.detach()
-
-
-def actor_learner_figures(c: LocalCounters, cfg: Config, lay: Layout, startup_s: float) -> dict:
-    """The result.json figures of a schedule with separate actors and a learner (local, ray)."""
-    B, wall = cfg.batch_size, c.wall_s
-    return {"env_steps": c.env_steps, "gradient_steps": c.gradient_steps, "wall_s": wall,
-            "env_steps_per_s": c.env_steps / wall if wall else 0.0,
-            "train_samples_per_s": B * c.gradient_steps / c.learner_s if c.learner_s else 0.0,
-            "train_samples_per_wall_s": B * c.gradient_steps / wall if wall else 0.0,
-            "learner_busy_s": c.learner_s, "acting_s": c.acting_s, "replay_busy_s": c.replay_s,
-            "replay_ratio_achieved": c.gradient_steps / c.env_steps if c.env_steps else 0.0,
-            "replay_ratio_target": cfg.replay_ratio, "params_version": c.params_version,
-            "actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
-            "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0,
-            "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
-            "learner_wait_s": c.learner_wait_s,
-            "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
-            "actor_restarts": c.restarts, "startup_s": startup_s}
 
 
 def _main_needed(env) -> bool:
@@ -602,66 +499,20 @@ def _main_not_reimported(env):
         main.__file__ = path
 
 
-def _sigterm_to_sigint(signum, frame) -> None:
-    """SIGTERM stops a run like Ctrl-C: Run.learn's SIGINT handler stops at the end of the phase
-    and saves a checkpoint (outside Run.learn, the default SIGINT handler raises KeyboardInterrupt).
-    Where SIGINT is ignored (a background job of a shell script), SIGTERM keeps its default
-    meaning: terminate."""
-    if callable(signal.getsignal(signal.SIGINT)):
-        signal.raise_signal(signal.SIGINT)
-    else:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)
-
-
-def sigterm_as_sigint():
-    """Install _sigterm_to_sigint (main thread only); returns the old handler, or None."""
-    if threading.current_thread() is threading.main_thread():
-        return signal.signal(signal.SIGTERM, _sigterm_to_sigint)
-    return None
-
-
-class _BatchSource:
-    """Draws a group of g batches: (g, {field: (g, B, ...)}, keys, weights (g, B)).
-
-    With `preallocate`, rows are gathered with `np.take(..., out=)` into two fixed buffers used in
-    turn (one is being learned on while the other is filled), and the keys and importance
-    weights are drawn exactly as ReplayBuffer.sample draws them (same RNG calls, same values).
-    Otherwise ReplayBuffer.sample (fresh tensors, any device).
-    """
+class _Batches:
+    """Draws a group of g batches: ({field: (g, B, ...)}, keys, weights (g, B)), through the replay
+    buffer's sampler. With `preallocate`, rows are gathered into two fixed buffers used in turn (one is
+    being learned on while the other is filled): no allocation per group."""
 
     def __init__(self, replay: ReplayBuffer, spec: dict, batch_size: int, group: int, preallocate: bool):
-        self.replay, self.B, self.G = replay, batch_size, group
-        self.spec = spec
-        self.bufs = None
-        if preallocate:
-            n = group * batch_size
-            self.bufs = [{k: np.empty((n, *s), np.dtype(d)) for k, (s, d) in spec.items()} for _ in range(2)]
-            self.tensors = [{k: torch.from_numpy(a) for k, a in buf.items()} for buf in self.bufs]
-            self.ones = torch.ones(group, batch_size)
-            self.flip = 0
+        self.replay, self.B = replay, batch_size
+        n = group * batch_size
+        self.bufs = [{k: np.empty((n, *s), np.dtype(d)) for k, (s, d) in spec.items()} for _ in range(2)] \
+            if preallocate else [None, None]
+        self.flip = 0
 
     def draw(self, g: int):
-        r, B = self.replay, self.B
-        n = g * B
-        if self.bufs is None:
-            batch, keys, weights = r.sample(n)
-            stack = {k: v.view(g, B, *v.shape[1:]) for k, v in batch.items()}
-            return g, stack, keys, weights.view(g, B)
-        size = len(r)
-        if r.tree is None:
-            keys = r.rng.integers(0, size, size=n, dtype=np.int64)
-            weights = self.ones[:g]
-        else:
-            keys = r.tree.sample(n, r.rng)
-            probs = r.tree.get(keys) / r.tree.total
-            w = (size * probs) ** (-r.beta)
-            w /= w.max()
-            weights = torch.from_numpy(w.astype(np.float32)).view(g, B)
-        i = self.flip
-        self.flip ^= 1
-        buf, ten = self.bufs[i], self.tensors[i]
-        for k, arr in r.storage.arrays.items():
-            np.take(arr, keys, axis=0, out=buf[k][:n], mode="clip")  # clip: no bounds pass, no temp copy
-        stack = {k: t[:n].view(g, B, *t.shape[1:]) for k, t in ten.items()}
-        return g, stack, keys, weights
+        B = self.B
+        out, self.flip = self.bufs[self.flip], self.flip ^ 1
+        batch, keys, weights = self.replay.sample(g * B, out=out)
+        return {k: v.view(g, B, *v.shape[1:]) for k, v in batch.items()}, keys, weights.view(g, B)

@@ -1,22 +1,45 @@
-"""Parameter store: versioned weights from the learner to the actors.
+"""Parameter stores: versioned weights from the learner to the actors, without blocking either side.
 
-`publish` never waits for readers; `latest(have)` returns the newest weights only when they
-are newer than the version a reader already has, so neither side blocks the other.
+One interface, three transports:
+
+    publish(state) -> version             the learner (one writer); versions count 0, 1, 2, ...
+    latest(have) -> (state, version) | None
+                                          a reader: the newest weights if newer than `have`
+
+* :class:`InProcessParameterStore` (inline): a host copy in this process.
+* :class:`hetrl.runtime.shm.SharedParameterStore` (local): a seqlock in shared memory that actor
+  processes read.
+* :class:`RayParameterStore` (ray): one object in Ray's object store per publication, read by every
+  actor (a broadcast); the store itself (a version and an object reference) travels with each
+  collect call, so an actor fetches the weights only when they are newer than its own.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 
-class ParameterStore:
+class ParameterStore(Protocol):
+    def publish(self, state: dict[str, torch.Tensor]) -> int:
+        """Store `state` (tensors on any device) under the next version; never waits for readers."""
+
+    def latest(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
+        """The newest (host) weights and their version if newer than `have`, else None."""
+
+
+def host_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+class InProcessParameterStore:
     def __init__(self) -> None:
         self.version = -1
         self._state: dict[str, torch.Tensor] | None = None
 
     def publish(self, state: dict[str, torch.Tensor]) -> int:
-        """Store a host copy of `state` (actors act on the CPU) under the next version."""
-        self._state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        self._state = host_copy(state)  # actors act on the CPU, from weights the learner cannot change
         self.version += 1
         return self.version
 
@@ -24,3 +47,26 @@ class ParameterStore:
         if self._state is None or self.version <= have:
             return None
         return self._state, self.version
+
+
+class RayParameterStore:
+    """Weights in Ray's object store. The learner publishes; the (small) store object is passed
+    to actors with each call, and `latest` there fetches the weights only when newer."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self._ref: list = []        # [ObjectRef]: a list, so pickling passes the reference, not the value
+
+    def publish(self, state: dict[str, torch.Tensor]) -> int:
+        import ray
+
+        self._ref = [ray.put(host_copy(state))]
+        self.version += 1
+        return self.version
+
+    def latest(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
+        import ray
+
+        if not self._ref or self.version <= have:
+            return None
+        return ray.get(self._ref[0]), self.version

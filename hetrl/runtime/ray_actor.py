@@ -8,9 +8,9 @@ it with `collect` calls (at most two queued, a double buffer):
     collect(n, explore, params) -> (env steps, rows, acting version, episodes, busy s, server counters)
 
 `explore` holds the algorithm's exploration value for each vector step (the learner's algorithm
-object decides epsilon / the noise, as in the local schedule); `params` is ``(version, [ref])``
-where `ref` is one object in Ray's object store that every actor reads (a broadcast, not a copy
-per actor); it is fetched only when its version is newer than the one the actor acts with.
+object decides epsilon / the noise, as in the local schedule); `params` is the learner's
+RayParameterStore (a version and a reference to one object in Ray's object store that every actor
+reads: a broadcast, not a copy per actor); the weights are fetched only when newer than the actor's.
 The call returns once the server acknowledged the insert: its rate limiter holds the actor
 there while the learner is behind.
 """
@@ -21,39 +21,34 @@ import os
 import time
 from typing import Any
 
-from hetrl.runtime.local_actor import _Explore
-
 
 class RayActor:
-    def __init__(self, index: int, cfg: Any, env: Any, policy: Any, envs: int, env_seed: int,
-                 server: Any, one_thread: bool = True):
-        """policy: the learner's algo.make_policy(seed), pickled (the algorithm's own acting code)."""
+    def __init__(self, spec: Any, server: Any, one_thread: bool = True):
+        """spec: the learner's ActorSpec (env, seeds, the algorithm's acting policy, n-step, backend)."""
         import torch
-
-        from hetrl.actors import Actor
 
         if one_thread:
             torch.set_num_threads(1)
         torch.set_flush_denormal(True)
-        self.index, self.server, self.envs = index, server, envs
-        self.actor = Actor(env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.env_backend)
-        self.version = -1
+        self.server = server
+        self.actor = spec.build()
 
     def where(self) -> dict:
         import ray
 
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
-    def collect(self, n: int, explore: list, params: tuple) -> tuple:
+    def collect(self, n: int, explore: list, params: Any) -> tuple:
         import ray
 
+        from hetrl.actors import ExploreTable
+
         t0 = time.perf_counter()
-        version, box = params
-        if version > self.version:
-            self.actor.load(ray.get(box[0]), version)
-            self.version = version
+        new = params.latest(self.actor.params_version)
+        if new is not None:
+            self.actor.load(*new)
         start = self.actor.env_steps
-        batch = self.actor.collect(n, _Explore(explore, start, self.envs))
+        batch = self.actor.collect(n, ExploreTable(explore, start, self.actor.num_envs))
         steps = self.actor.env_steps - start
         busy = time.perf_counter() - t0
         rows = 0 if batch is None else len(batch["obs"])
@@ -62,7 +57,7 @@ class RayActor:
             counters = ray.get(self.server.insert.remote(ref, steps, 1.0))
             if counters is None and ray.get(self.server.is_closed.remote()):
                 break
-        return steps, rows, self.version, self.actor.drain_episodes(), busy, counters
+        return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, counters
 
     def close(self) -> None:
         self.actor.close()

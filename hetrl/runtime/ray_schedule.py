@@ -33,26 +33,22 @@ an already initialised Ray (`ray.init` in the caller) is used as it is.
 from __future__ import annotations
 
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from hetrl.actors import probe_spaces
 from hetrl.actors.envs import EnvSpec
-from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay.server import ReplayServer
-from hetrl.runtime.inline import resolve_device
+from hetrl.runtime.core import LearnerCore, Restarts, Schedule
 from hetrl.runtime.layout import layout
-from hetrl.runtime.local import LocalCounters, actor_learner_figures, sigterm_as_sigint
+from hetrl.runtime.params import RayParameterStore
 
 PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
-MAX_RESTARTS = 5          # per actor, before the run gives up
 PER_GROUP = 8            # prioritised: batches per sample call (their priorities are updated together)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
 
@@ -104,11 +100,6 @@ def cluster_cpus() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-@dataclass
-class RayCounters(LocalCounters):
-    requested: int = 0             # transitions asked from the server, including a prefetch in flight
-
-
 class _Slot:
     """The learner's view of one Ray actor."""
 
@@ -116,7 +107,6 @@ class _Slot:
         self.index = index
         self.handle = None
         self.calls: dict = {}          # ObjectRef -> env steps granted
-        self.restarts = 0
         self.where: dict = {}
 
 
@@ -165,16 +155,15 @@ class _Server(ReplayServer):
             self._cond.notify_all()
 
 
-class RaySchedule:
+class RaySchedule(Schedule):
     name = "ray"
 
     def __init__(self, cfg: Config, env: EnvSpec):
         ray = import_ray()
         self.cfg, self.env = cfg, env
-        self._closed, self._old_sigterm = False, None
+        self._closed = False
         self.slots: list[_Slot] = []
         self.servers: list = []
-        self._old_sigterm = sigterm_as_sigint()  # SIGTERM: stop like Ctrl-C, with a checkpoint
         connect(cfg)
         lay = layout(cfg, cores=cluster_cpus())
         # the learner's threads: this machine's cores the actors leave free (all of them when
@@ -195,29 +184,24 @@ class RaySchedule:
             self.close()
             raise UsageError(f"replay_shards={cfg.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
-        torch.manual_seed(cfg.seed)
-        torch.set_num_threads(lay.learner_threads)
-        torch.set_flush_denormal(True)  # denormal Adam moments make CPU arithmetic ~5x slower
-        self.device = resolve_device(cfg.device)
-        self.obs_space, self.act_space = probe_spaces(env)
-        self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
-        self.spec = replay_spec(self.obs_space, self.act_space)
-        self.c = RayCounters()
+        self.core = LearnerCore(cfg, env, lay.learner_threads)
+        self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, transitions) of a sample request in flight
+        self._requested = 0             # transitions asked from the servers, including a request in flight
         self._reserved = 0              # env steps granted to collect calls in flight
         self._shard_inserts = [0] * cfg.replay_shards
         self._finished = False
-        self._published_at = 0
         self._prio_refs: list = []
+        self._restarts = Restarts(self.core)
         self.startup_s = 0.0
         self._check_resources(ray)
         t0 = time.perf_counter()
         self._start_servers(ray)
-        self._publish(ray)
+        self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
         for s in self.slots:
-            self._spawn(ray, s)
+            self._spawn(s)
         self._wait_ready(ray)
         self.startup_s = time.perf_counter() - t0
 
@@ -245,22 +229,20 @@ class RaySchedule:
         per = -(-cfg.buffer_size // S)
         min_size = max(1, -(-lay.min_size // S))
         self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
-            per, self.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
+            per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
             seed=cfg.seed + 7 * i, samples_per_insert=lay.spi, min_size=min_size,
             error_buffer=max(lay.error_buffer / S, 2 * max(1.0, lay.spi)), rate_limit=cfg.rate_limit)
             for i in range(S)]
         self.replay = ShardedReplay(self.servers)
 
-    def _spawn(self, ray, s: _Slot) -> None:
+    def _spawn(self, s: _Slot) -> None:
+        import ray
+
         from hetrl.runtime.ray_actor import RayActor
 
-        cfg, lay = self.cfg, self.lay
-        # a replacement (after a crash, or a resume) gets seeds for the step count: new episodes
-        seed = cfg.seed + 1000 * s.index + self.c.env_steps + 7919 * s.restarts
-        remote = ray.remote(num_cpus=cfg.ray_actor_cpus, max_restarts=0)(RayActor)
-        s.handle = remote.remote(s.index, cfg, self.env, self.algo.make_policy(seed=seed + 1),
-                                 lay.envs_per_actor, seed, self.servers[s.index % len(self.servers)],
-                                 cfg.actor_one_thread)
+        spec = self.core.actor_spec(s.index, self.lay.envs_per_actor, self._restarts.count.get(s.index, 0))
+        remote = ray.remote(num_cpus=self.cfg.ray_actor_cpus, max_restarts=0)(RayActor)
+        s.handle = remote.remote(spec, self.servers[s.index % len(self.servers)], self.cfg.actor_one_thread)
         s.calls = {}
 
     def _wait_ready(self, ray) -> None:
@@ -274,10 +256,6 @@ class RaySchedule:
 
     def nodes(self) -> list[str]:
         return sorted({s.where.get("node", "?") for s in self.slots})
-
-    def _publish(self, ray) -> None:
-        state = {k: v.detach().to("cpu") for k, v in self.algo.policy_state().items()}
-        self._params = (self.c.params_version, [ray.put(state)])
 
     # ---- the learner's loop ---------------------------------------------------------------------
     def phase(self) -> list[tuple[float, int]]:
@@ -316,7 +294,7 @@ class RaySchedule:
     def _owed(self) -> float:
         """Transitions the learner may still ask for in this run (the preset's replay ratio)."""
         total = max(self.cfg.steps, self.c.env_steps) * self.lay.spi - self._offset
-        return total - self.c.requested
+        return total - self._requested
 
     def _check_finished(self) -> bool:
         if self._finished:
@@ -339,9 +317,8 @@ class RaySchedule:
                 if left <= 0:
                     return
                 n = -(-min(lay.chunk, left) // m) * m
-                base = self.c.env_steps + self._reserved
-                table = [self.algo.exploration(base + k * m) for k in range(n // m)]
-                ref = s.handle.collect.remote(n, table, self._params)
+                table = self.core.exploration(self.c.env_steps + self._reserved, n, m)
+                ref = s.handle.collect.remote(n, table, self.params)
                 s.calls[ref] = n
                 self._reserved += n
 
@@ -363,23 +340,17 @@ class RaySchedule:
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
                     raise self._error(e, f"(actor {s.index})") from None
-                c = self.c
                 if counters is not None:
-                    shard = s.index % len(self.servers)
-                    self._count_inserts(shard, counters["inserts"])
-                c.acting_s += busy
-                c.insert_messages += 1
-                c.staleness_sum += (c.params_version - version) * steps
-                c.staleness_steps += steps
+                    self._count_inserts(s.index % len(self.servers), counters["inserts"], version)
+                self.c.acting_s += busy
                 self._episodes.extend(episodes)
 
-    def _count_inserts(self, shard: int, inserts: int) -> None:
+    def _count_inserts(self, shard: int, inserts: int, version: int | None = None) -> None:
         """Env steps come from the servers' acknowledgements (a chunk lost with its actor is not counted)."""
         if inserts > self._shard_inserts[shard]:
-            before = self.c.env_steps
+            new = inserts - self._shard_inserts[shard]
             self._shard_inserts[shard] = inserts
-            self.c.env_steps = sum(self._shard_inserts)
-            self.algo.on_env_steps(before, self.c.env_steps)
+            self.core.inserted(new, version)
 
     def _on_actor_death(self, s: _Slot, err) -> None:
         """A new actor takes the dead one's place (Ray places it wherever there are CPUs, e.g. when
@@ -387,16 +358,12 @@ class RaySchedule:
         for ref, n in s.calls.items():
             self._reserved -= n
         s.calls = {}
-        s.restarts += 1
-        self.c.restarts += 1
-        if s.restarts > MAX_RESTARTS:
+        try:
+            self._restarts.record(s.index, f"actor {s.index} died ({err.__class__.__name__})")
+        except HetrlError:
             self.close()
-            raise HetrlError(f"actor {s.index} died {s.restarts} times: giving up ({err.__class__.__name__})")
-        print(f"hetrl: actor {s.index} died ({err.__class__.__name__}); starting a new one "
-              f"(restart {s.restarts} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
-        import ray
-
-        self._spawn(ray, s)
+            raise
+        self._spawn(s)
 
     # learning -----------------------------------------------------------------------------------------
     def _request(self) -> None:
@@ -407,14 +374,12 @@ class RaySchedule:
         g = int(min(self.lay.group, self._owed() // B)) if cfg.rate_limit else self.lay.group
         if g <= 0:
             return
-        beta = None
-        if cfg.prioritized:
-            beta = cfg.per_beta + min(1.0, self.c.env_steps / cfg.steps) * (1.0 - cfg.per_beta)
+        beta = self.core.beta()
         shard = self.replay.next
         self.replay.next = (shard + 1) % len(self.servers)
         ref = self.servers[shard].sample.remote(g, B, beta, SAMPLE_WAIT_S)
         self._pending = (shard, ref, g * B)
-        self.c.requested += g * B
+        self._requested += g * B
 
     def _learn_step(self) -> bool:
         import ray
@@ -430,31 +395,19 @@ class RaySchedule:
         got = ray.get(ref)
         self._pending = None
         if got is None:  # the rate limiter held it: ask again later
-            self.c.requested -= n
+            self._requested -= n
             return False
         stack, keys, weights, counters = got
         self._count_inserts(shard, counters["inserts"])
         self._request() if self.cfg.prefetch else None  # the next group is drawn while this one is learned
-        t1 = time.perf_counter()
-        g = weights.shape[0]
-        batch = {k: _tensor(v) for k, v in stack.items()}
-        td = self.algo.learn(batch, _tensor(weights))
-        t2 = time.perf_counter()
-        c = self.c
-        c.learner_s += t2 - t1
-        c.replay_s += t1 - t0
-        c.gradient_steps += g
-        c.samples += n
-        c.phases += 1
+        self.c.replay_s += time.perf_counter() - t0
+        self.c.samples += n
+        td = self.core.learn({k: _tensor(v) for k, v in stack.items()}, _tensor(weights))
         if self.cfg.prioritized:
             self._prio_refs.append(self.servers[shard].update_priorities.remote(keys, td.detach().cpu().numpy().reshape(-1)))
             if len(self._prio_refs) > 16:  # surface errors and bound what is in flight
                 ray.get(self._prio_refs[:8])
                 del self._prio_refs[:8]
-        if c.gradient_steps - self._published_at >= self.lay.publish_every:
-            c.params_version += 1
-            self._publish(ray)
-            self._published_at = c.gradient_steps
         return True
 
     # ---- life cycle -----------------------------------------------------------------------------------
@@ -487,11 +440,6 @@ class RaySchedule:
         import ray
 
         self._stop_actors()
-        if self._old_sigterm is not None:
-            import signal
-
-            signal.signal(signal.SIGTERM, self._old_sigterm)
-            self._old_sigterm = None
         for h in getattr(self, "servers", []):
             try:
                 ray.kill(h, no_restart=True)
@@ -500,42 +448,24 @@ class RaySchedule:
         disconnect()
 
     # ---- figures and state ----------------------------------------------------------------------
-    def figures(self) -> dict:
-        return {**actor_learner_figures(self.c, self.cfg, self.lay, self.startup_s), "schedule": "ray",
-                "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
+    def transport_figures(self) -> dict:
+        lay, wall = self.lay, self.c.wall_s
+        return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
+                "actor_busy_fraction": self.c.acting_s / (lay.actors * wall) if wall else 0.0,
+                "startup_s": self.startup_s, "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
-    def state_dict(self, with_replay: bool) -> dict:
-        counters = asdict(self.c)
-        counters["samples"] = counters["requested"] = self.c.gradient_steps * self.cfg.batch_size
-        state = {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
-        if with_replay:
-            state["replay"] = self.replay.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
+    def _restart_actors(self) -> None:
+        """After a checkpoint: the rate limiter continues from the run's counters, spread over the shards,
+        and actors started with seeds for step 0 are replaced by actors with seeds for this step count."""
         import ray
 
-        if self.c.env_steps or self.c.gradient_steps:
-            raise HetrlError("load_state_dict must come before the first phase() of a ray schedule")
-        self.algo.load_state_dict(state["algo"])
-        known = {f.name for f in fields(RayCounters)}
-        self.c = RayCounters(**{k: v for k, v in state["counters"].items() if k in known})
-        self.c.samples = self.c.requested = self.c.gradient_steps * self.cfg.batch_size
-        torch.set_rng_state(state["torch_rng"])
-        if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
-        # the rate limiter continues from the run's counters, spread over the shards
-        S = len(self.servers)
-        self._shard_inserts = [self.c.env_steps // S + (i < self.c.env_steps % S) for i in range(S)]
-        ray.get([h.set_counters.remote(self._shard_inserts[i], self.c.samples // S)
-                 for i, h in enumerate(self.servers)])
-        self.c.params_version += 1
-        self._publish(ray)
-        self._published_at = self.c.gradient_steps
-        # actors started with seeds for step 0: start new ones with seeds for this step count
+        c, S = self.c, len(self.servers)
+        self._requested = c.samples
+        self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
+        ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S) for i, h in enumerate(self.servers)])
         self._stop_actors()
         for s in self.slots:
-            self._spawn(ray, s)
+            self._spawn(s)
         self._wait_ready(ray)
 
 

@@ -9,7 +9,7 @@ resource tracker is involved.  Children get the block as a ``Process`` argument:
 passes the descriptor itself (``multiprocessing.reduction.DupFd``: ``pass_fds`` under spawn,
 SCM_RIGHTS to the forkserver, multiprocessing's resource sharer over a Connection).
 
-:class:`ParamStore` keeps versioned weights in a :class:`SharedArrays` with a seqlock: the
+:class:`SharedParameterStore` keeps versioned weights in a :class:`SharedArrays` with a seqlock: the
 writer makes the sequence counter odd, writes, stores the version and makes the counter even
 again; a reader copies the weights and keeps them only if the counter was even and unchanged
 across the copy.  Neither side ever waits: a torn read is dropped and retried at the reader's
@@ -98,11 +98,12 @@ class SharedArrays:
             self._fd = -1
 
 
-class ParamStore:
-    """Versioned weights in shared memory, learner -> actors, without blocking either side.
+class SharedParameterStore:
+    """Versioned weights in shared memory, learner -> actors, without blocking either side
+    (the ParameterStore interface of hetrl/runtime/params.py).
 
-    Built from an example state dict (names, shapes, dtypes); ``publish(state, version)`` by
-    the one writer, ``read(have)`` by any number of readers.
+    Built from an example state dict (names, shapes, dtypes); ``publish(state) -> version`` by
+    the one writer, ``latest(have)`` by any number of readers (passed to actor processes).
     """
 
     def __init__(self, example: Mapping[str, torch.Tensor]):
@@ -129,16 +130,18 @@ class ParamStore:
     def version(self) -> int:
         return int(self.block["header"][1])
 
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+    def publish(self, state: Mapping[str, torch.Tensor]) -> int:
         h = self.block["header"]
+        version = int(h[1]) + 1
         h[0] += 1                                   # odd: writing
         with torch.no_grad():
             for k in self.names:
                 self._shared[k].copy_(state[k].detach())
         h[1] = version
         h[0] += 1                                   # even: consistent
+        return version
 
-    def read(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
+    def latest(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
         """The newest weights if newer than `have` and read without tearing, else None.
         The returned tensors are this reader's buffer: load them before the next read."""
         h = self.block["header"]

@@ -1,0 +1,314 @@
+"""The learner core: everything a schedule drives, written once.
+
+A schedule (inline, local, ray) is only a transport: how transitions reach the data storage,
+how sampled batches reach the learner, how parameters reach the actors. What the learner does
+with them exists here, once, for every schedule (as in Acme: one builder, a single-process or a
+distributed launcher):
+
+* process setup (seed, threads, denormals, device), the spaces, the algorithm, the replay spec;
+* the counters and the clock; replay-ratio bookkeeping; PER beta annealing; the exploration
+  table actors act with; the actors' seeds and their :class:`~hetrl.actors.ActorSpec`;
+* the learner step (timed, counted, TD errors checked), publishing to a :class:`ParameterStore`,
+  policy staleness;
+* one checkpoint format (so a run resumes under any schedule) and one set of figures.
+
+:class:`Schedule` is the interface every transport implements:
+``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from hetrl.actors import ActorSpec, probe_spaces
+from hetrl.actors.envs import EnvSpec
+from hetrl.algos import make_algorithm, replay_spec
+from hetrl.config import Config
+from hetrl.errors import HetrlError, UsageError
+from hetrl.replay import ReplayBuffer
+from hetrl.runtime.layout import grads_per_phase
+from hetrl.runtime.params import ParameterStore
+
+MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"device={name} asked but CUDA is not available (torch {torch.__version__}); "
+                             "install a CUDA build of torch (see README) or use --set device=cpu")
+        idx = torch.device(name).index or 0
+        if idx >= torch.cuda.device_count():
+            raise UsageError(f"device={name} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device(name)
+
+
+def setup_process(seed: int, threads: int) -> None:
+    """Seed, torch threads, and flushed denormals: Adam's moments of parameters whose gradients
+    went to zero (dead ReLUs) decay into denormal floats, which make CPU arithmetic ~5x slower."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(max(1, threads))
+    torch.set_flush_denormal(True)
+
+
+@dataclass
+class Counters:
+    env_steps: int = 0
+    gradient_steps: int = 0
+    phases: int = 0                # learner calls (a group of gradient steps each)
+    wall_s: float = 0.0            # training time (evaluations excluded)
+    acting_s: float = 0.0          # actors busy (summed over actors)
+    learner_s: float = 0.0         # learner busy: gradient computation and optimizer steps
+    replay_s: float = 0.0          # replay manager busy: insert, sample, priority update
+    learner_wait_s: float = 0.0    # learner blocked waiting for data (local, ray)
+    grad_debt: float = 0.0         # fractional gradient steps owed by the replay ratio (inline)
+    samples: int = 0               # transitions drawn (rate limiter), prefetched ones included
+    staleness_sum: float = 0.0     # sum over inserted env steps of (learner - acting) version
+    staleness_steps: int = 0
+    restarts: int = 0
+    insert_messages: int = 0
+    params_version: int = 0
+
+
+class LearnerCore:
+    """The learner side of a run: set up once per run by its schedule, in the learner's process."""
+
+    def __init__(self, cfg: Config, env: EnvSpec, threads: int):
+        self.cfg, self.env = cfg, env
+        setup_process(cfg.seed, threads)
+        self.device = resolve_device(cfg.device)
+        self.obs_space, self.act_space = probe_spaces(env)
+        self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
+        self.spec = replay_spec(self.obs_space, self.act_space)
+        self.c = Counters()
+        self.params: ParameterStore | None = None
+        self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
+        self._published_at = 0
+        self._t0: float | None = None
+        self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
+
+    # ---- parts ------------------------------------------------------------------------------
+    def make_replay(self, buffers: dict | None = None) -> ReplayBuffer:
+        cfg = self.cfg
+        return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
+                            alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers)
+
+    def attach(self, params: ParameterStore) -> None:
+        """The schedule's parameter store; the current weights are published at once."""
+        self.params = params
+        self.publish()
+
+    def actor_spec(self, index: int, envs: int, restarts: int = 0) -> ActorSpec:
+        """Actor `index`'s settings and policy. Seeds follow the env step count and the restarts, so an
+        actor started on resume or after a crash does not replay the episodes of the one before."""
+        cfg = self.cfg
+        env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
+        return ActorSpec(self.env, envs, env_seed, self.algo.make_policy(seed=env_seed + 1, num_envs=envs),
+                         cfg.n_step, cfg.gamma, cfg.env_backend)
+
+    # ---- acting side ----------------------------------------------------------------------------
+    def exploration(self, base: int, n: int, envs: int) -> list:
+        """The algorithm's exploration value (epsilon, noise; None = uniform random) for each vector
+        step of a chunk of n env steps starting at global env step `base`."""
+        return [self.algo.exploration(base + k * envs) for k in range(max(1, -(-n // envs)))]
+
+    def inserted(self, steps: int, version: int | None = None, busy_s: float = 0.0) -> None:
+        """`steps` env steps reached the replay, collected with parameters `version`."""
+        c = self.c
+        before = c.env_steps
+        c.env_steps += steps
+        self.algo.on_env_steps(before, c.env_steps)
+        c.acting_s += busy_s
+        c.insert_messages += 1
+        if version is not None:
+            c.staleness_sum += (c.params_version - version) * steps
+            c.staleness_steps += steps
+
+    def beta(self) -> float | None:
+        """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
+        cfg = self.cfg
+        if not cfg.prioritized:
+            return None
+        return cfg.per_beta + min(1.0, self.c.env_steps / cfg.steps) * (1.0 - cfg.per_beta)
+
+    # ---- learning side --------------------------------------------------------------------------
+    def learn(self, stack: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+        """One learner call: weights.shape[0] gradient steps on stacked batches; returns |TD| (K, B)."""
+        c = self.c
+        if self.learn_mark is None:
+            self.learn_mark = (self.elapsed(), c.env_steps)
+        t0 = time.perf_counter()
+        td = self.algo.learn(stack, weights)
+        c.learner_s += time.perf_counter() - t0
+        c.gradient_steps += weights.shape[0]
+        c.phases += 1
+        if c.gradient_steps - self._published_at >= self.publish_every:
+            self.publish()
+        return td
+
+    def publish(self) -> None:
+        self.c.params_version = self.params.publish(self.algo.policy_state())
+        self._published_at = self.c.gradient_steps
+
+    # ---- clock --------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.c.wall_s if self._t0 is None else time.perf_counter() - self._t0
+
+    def start_clock(self) -> None:
+        self._t0 = time.perf_counter() - self.c.wall_s   # a resumed run continues its clock
+
+    def tick(self) -> None:
+        self.c.wall_s = self.elapsed()
+
+    @contextlib.contextmanager
+    def clock_paused(self):
+        """Time spent inside (evaluations) is not training time."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._t0 is not None:
+                self._t0 += time.perf_counter() - t
+
+    # ---- figures and state ----------------------------------------------------------------------
+    def figures(self) -> dict:
+        c, cfg = self.c, self.cfg
+        B, wall = cfg.batch_size, c.wall_s
+        out = {"env_steps": c.env_steps, "gradient_steps": c.gradient_steps, "wall_s": wall,
+               "env_steps_per_s": c.env_steps / wall if wall else 0.0,
+               "train_samples_per_s": B * c.gradient_steps / c.learner_s if c.learner_s else 0.0,
+               "train_samples_per_wall_s": B * c.gradient_steps / wall if wall else 0.0,
+               "learner_busy_s": c.learner_s, "acting_s": c.acting_s, "replay_busy_s": c.replay_s,
+               "replay_ratio_achieved": c.gradient_steps / c.env_steps if c.env_steps else 0.0,
+               "replay_ratio_target": cfg.replay_ratio, "params_version": c.params_version,
+               "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
+               "learner_wait_s": c.learner_wait_s,
+               "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
+               "actor_restarts": c.restarts}
+        if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
+            # the steady state the planner predicts (the warm-up before learning_starts only acts)
+            out["env_steps_per_s_learning"] = (c.env_steps - self.learn_mark[1]) / (wall - self.learn_mark[0])
+        return out
+
+    def state_dict(self) -> dict:
+        counters = asdict(self.c)
+        # every learned batch is one gradient step; a drawn group not yet learned is left out
+        counters["samples"] = self.c.gradient_steps * self.cfg.batch_size
+        return {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.c.env_steps or self.c.gradient_steps:
+            raise HetrlError("load_state_dict must come before the first phase() of a schedule")
+        self.algo.load_state_dict(state["algo"])
+        known = {f.name for f in fields(Counters)}
+        self.c = Counters(**{k: v for k, v in state["counters"].items() if k in known})
+        self.c.samples = self.c.gradient_steps * self.cfg.batch_size
+        torch.set_rng_state(state["torch_rng"])
+        if self.params is not None:
+            self.publish()
+
+
+class Restarts:
+    """The restart policy of actors (local processes, Ray actors): a dead actor is replaced, up to
+    MAX_RESTARTS times per actor, then the run gives up."""
+
+    def __init__(self, core: LearnerCore, limit: int = MAX_RESTARTS):
+        self.core, self.limit = core, limit
+        self.count: dict[int, int] = {}
+
+    def record(self, index: int, what: str) -> int:
+        """Count a death of actor `index` ("actor 1 (pid 42) exited with code 1"); raise past the limit,
+        else say it and return the actor's restart number."""
+        n = self.count[index] = self.count.get(index, 0) + 1
+        self.core.c.restarts += 1
+        if n > self.limit:
+            raise HetrlError(f"{what}, restart {n}: giving up")
+        print(f"hetrl: {what}; starting a new one (restart {n} of {self.limit})", file=sys.stderr, flush=True)
+        return n
+
+
+class Schedule(abc.ABC):
+    """A transport of the training protocol around one :class:`LearnerCore`.
+
+    Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer
+    or a handle with ``state_dict/load_state_dict/__len__``) and implement `phase`, `done`, `close`
+    and `_restart_actors` (after a checkpoint is loaded). Use it as a context manager, or call
+    `close()`: it stops every process, Ray actor and shared block the schedule started.
+    """
+
+    name = "?"
+    core: LearnerCore
+    replay: object
+
+    # the learner core's parts, for callers
+    @property
+    def algo(self):
+        return self.core.algo
+
+    @property
+    def c(self) -> Counters:
+        return self.core.c
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.device
+
+    @abc.abstractmethod
+    def phase(self) -> list[tuple[float, int]]:
+        """Advance the protocol a little (~0.1 s or one inline phase); returns finished episodes
+        (return, length)."""
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether the run has collected its env steps and learned what it owes."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop everything this schedule started; idempotent."""
+
+    def _restart_actors(self) -> None:
+        """Actors that started with seeds for step 0 start again with seeds for the step count."""
+
+    def transport_figures(self) -> dict:
+        return {}
+
+    def figures(self) -> dict:
+        return {**self.core.figures(), "schedule": self.name, **self.transport_figures()}
+
+    def state_dict(self, with_replay: bool) -> dict:
+        state = self.core.state_dict()
+        if with_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint of any schedule (one format): the learner, its counters, and the replay if saved."""
+        self.core.load_state_dict(state)
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+        self._restart_actors()
+
+    def __enter__(self) -> "Schedule":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def steps_left(cfg: Config, c: Counters, reserved: int = 0) -> int:
+    """Env steps still to hand out to actors."""
+    return max(0, cfg.steps - c.env_steps - reserved)
+
+
+def whole_vector_steps(n: int, envs: int) -> int:
+    """n env steps rounded up to whole vector steps of `envs` envs."""
+    return int(math.ceil(n / envs)) * envs

@@ -1,0 +1,85 @@
+"""One contract for the three parameter stores (in-process, shared-memory seqlock, Ray object store)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from hetrl.runtime.params import InProcessParameterStore, RayParameterStore
+from hetrl.runtime.shm import SharedParameterStore
+
+EXAMPLE = {"w": torch.zeros(3), "b": torch.zeros(2, dtype=torch.float64)}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, logging_level="warning")
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(params=["in-process", "shared-memory", pytest.param("ray", marks=pytest.mark.ray)])
+def store(request):
+    if request.param == "in-process":
+        return InProcessParameterStore()
+    if request.param == "shared-memory":
+        return SharedParameterStore(EXAMPLE)
+    request.getfixturevalue("ray_session")
+    return RayParameterStore()
+
+
+def state(x: float) -> dict:
+    return {"w": torch.full((3,), x), "b": torch.full((2,), 2 * x, dtype=torch.float64)}
+
+
+def test_parameter_store_contract(store):
+    assert store.latest(-1) is None                      # nothing published yet
+    assert store.publish(state(1.0)) == 0                # versions count from 0
+    got, v = store.latest(-1)
+    assert v == 0 and torch.equal(got["w"], torch.ones(3)) and got["b"].dtype == torch.float64
+    assert store.latest(0) is None                       # nothing newer than what the reader has
+    src = state(2.0)
+    assert store.publish(src) == 1
+    src["w"].add_(100)                                   # the learner changes its weights after publishing
+    got, v = store.latest(0)
+    assert v == 1 and torch.equal(got["w"], torch.full((3,), 2.0))   # the store kept its own copy
+    assert store.latest(5) is None
+
+
+def _read(store, q):
+    q.put(store.latest(-1)[0]["w"].tolist())
+
+
+def test_shared_store_is_read_by_another_process_and_drops_torn_reads():
+    store = SharedParameterStore(EXAMPLE)
+    store.publish(state(3.0))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_read, args=(store, q))
+    p.start()
+    assert q.get(timeout=60) == [3.0, 3.0, 3.0]
+    p.join()
+    store.block["header"][0] += 1                        # a writer mid-way: odd sequence number
+    assert store.latest(-1) is None
+    store.block["header"][0] += 1
+    assert store.latest(-1)[1] == 0
+
+
+@pytest.mark.ray
+def test_ray_store_travels_to_an_actor_by_reference(ray_session):
+    ray = ray_session
+    store = RayParameterStore()
+    store.publish(state(4.0))
+
+    @ray.remote(num_cpus=0)
+    def read(s):
+        got = s.latest(-1)
+        return got[1], got[0]["w"].tolist()
+
+    assert ray.get(read.remote(store)) == (0, [4.0, 4.0, 4.0])
