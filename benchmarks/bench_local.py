@@ -74,7 +74,7 @@ import json, sys, time
 spec = json.loads(sys.argv[1])
 lib, algo, env, steps, extra, mode = spec["lib"], spec["algo"], spec["env"], spec["steps"], spec["extra"], spec["mode"]
 from hetrl.config import make_config
-from hetrl.runtime.evaluate import evaluate
+from hetrl.evaluate import evaluate
 cfg = make_config(algo, spec.get("preset_env", env), {"steps": steps, "eval_episodes": 0, "keep_best": False, **extra})
 EVAL_EP, TARGET, EVERY = spec.get("eval_episodes", 5), spec.get("target", 475.0), spec.get("eval_every", 5000)
 out = {}

@@ -24,8 +24,8 @@ from hetrl.algos import make_algorithm
 from hetrl.checkpoint import FORMAT, atomic_save, check_out_dir, read_checkpoint, read_replay, write_json
 from hetrl.config import Config, make_config, read_config_file
 from hetrl.errors import UsageError
-from hetrl.runtime.evaluate import evaluate
-from hetrl.runtime.logger import Logger
+from hetrl.evaluate import evaluate
+from hetrl.logger import Logger
 
 
 SELECT_SEED, REPORT_SEED = 10_000, 20_000   # eval env seeds (offsets): choosing the best vs reporting it

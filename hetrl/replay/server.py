@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from hetrl.errors import UsageError
 from hetrl.replay.buffer import ReplayBuffer
 from hetrl.replay.rate_limiter import RatioRule
 from hetrl.replay.storage import Spec
@@ -129,6 +130,13 @@ class ReplayServer:
             return {"replay": self.replay.state_dict(), "inserts": self.inserts, "samples": self.samples,
                     "rows": self.rows}
 
+    def load_replay(self, replay_state: dict) -> None:
+        """A ReplayBuffer's state (replay.pt of any schedule) as this server's contents."""
+        with self._cond:
+            self.replay.load_state_dict(replay_state)
+            self.rows = len(self.replay)
+            self._cond.notify_all()
+
     def load_state_dict(self, state: dict) -> None:
         with self._cond:
             self.replay.load_state_dict(state["replay"])
@@ -144,3 +152,37 @@ class ReplayServer:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+
+
+class ShardedReplay:
+    """A learner's handle on replay shards served as Ray actors (the ray schedule's replay): the
+    checkpoint calls of a replay buffer, and the shard the next sample comes from."""
+
+    def __init__(self, handles: list):
+        self.handles = handles
+        self.next = 0
+
+    def state_dict(self) -> dict:
+        """One shard: the ReplayBuffer's own state (the same replay.pt as the other schedules write)."""
+        import ray
+
+        states = ray.get([h.state_dict.remote() for h in self.handles])
+        return states[0]["replay"] if len(states) == 1 else {"shards": states}
+
+    def load_state_dict(self, state: dict) -> None:
+        import ray
+
+        if "shards" in state:
+            if len(state["shards"]) != len(self.handles):
+                raise UsageError(f"the saved replay has {len(state['shards'])} shards, this run has "
+                                 f"{len(self.handles)}: set replay_shards={len(state['shards'])}")
+            ray.get([h.load_state_dict.remote(s) for h, s in zip(self.handles, state["shards"])])
+        elif len(self.handles) == 1:
+            ray.get(self.handles[0].load_replay.remote(state))
+        else:
+            raise UsageError("the saved replay is one buffer; resume it with replay_shards=1")
+
+    def __len__(self) -> int:
+        import ray
+
+        return sum(s["size"] for s in ray.get([h.stats.remote() for h in self.handles]))

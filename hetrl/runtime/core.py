@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -132,6 +131,17 @@ class LearnerCore:
         if version is not None:
             c.staleness_sum += (c.params_version - version) * steps
             c.staleness_steps += steps
+
+    def grant_size(self, lay, reserved: int) -> int:
+        """Env steps for an actor's next collect call (layout `lay`, `reserved` granted, not yet in):
+        a chunk, no more than the run still needs, in whole vector steps."""
+        left, m = self.cfg.steps - self.c.env_steps - reserved, lay.envs_per_actor
+        return 0 if left <= 0 else -(-min(lay.chunk, left) // m) * m
+
+    def owed(self, lay, drawn: int) -> float:
+        """Transitions the learner may still draw in this run: the preset's replay ratio over the
+        whole run (sampling starts after lay.min_size env steps)."""
+        return max(self.cfg.steps, self.c.env_steps) * lay.spi - lay.spi * lay.min_size - drawn
 
     def beta(self) -> float | None:
         """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
@@ -262,10 +272,26 @@ class Schedule(abc.ABC):
     def device(self) -> torch.device:
         return self.core.device
 
-    @abc.abstractmethod
+    PHASE_S = 0.1                  # an asynchronous phase() returns after about this long (Ctrl-C is seen quickly)
+    _closed = False
+    _episodes: list
+
     def phase(self) -> list[tuple[float, int]]:
-        """Advance the protocol a little (~0.1 s or one inline phase); returns finished episodes
-        (return, length)."""
+        """Advance the protocol a little (about PHASE_S; inline: one phase); returns the episodes
+        (return, length) finished meanwhile."""
+        if self._closed:
+            raise HetrlError(f"this {self.name} schedule was closed; make a new Run")
+        t_end = time.perf_counter() + self.PHASE_S
+        while not self.done():
+            self._step()
+            if time.perf_counter() >= t_end:
+                break
+        eps, self._episodes = self._episodes, []
+        return eps
+
+    def _step(self) -> None:
+        """One round of an asynchronous transport: move data, learn what the rate limiter allows."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def done(self) -> bool:
@@ -302,13 +328,3 @@ class Schedule(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def steps_left(cfg: Config, c: Counters, reserved: int = 0) -> int:
-    """Env steps still to hand out to actors."""
-    return max(0, cfg.steps - c.env_steps - reserved)
-
-
-def whole_vector_steps(n: int, envs: int) -> int:
-    """n env steps rounded up to whole vector steps of `envs` envs."""
-    return int(math.ceil(n / envs)) * envs

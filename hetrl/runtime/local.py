@@ -1,36 +1,21 @@
-"""The local schedule: actor processes, data in shared memory, a rate-limited learner.
+"""The local schedule's transport: actor processes, data in shared memory, a rate-limited learner.
 
     hetrl train dqn --env CartPole-v1 --schedule local [--actors N] [--envs-per-actor M]
 
-The same parts and the same algorithm code as the inline schedule, in several OS processes:
+* N actor processes (local_actor.py) step M envs each and fill one half of a two-half staging
+  area in shared memory per grant (a chunk of env steps), answered with one small message.
+* This process is the learner core and the replay manager: it copies each staged chunk into the
+  shared-memory ring with one batched insert, samples (a prefetch thread draws the next group
+  while the learner learns), and writes priorities into the one tree the sampler reads.
+* Parameters reach the actors through a seqlock in shared memory (shm.SharedParameterStore).
+* A Reverb rate limiter keeps samples per insert at the preset's ratio: actors get a grant only
+  when its env steps may be inserted, the learner samples only what the rule allows, and the
+  waiting side blocks on a pipe. Nobody spins.
 
-* N actor processes (hetrl/runtime/local_actor.py), each stepping M envs with batched
-  inference on its policy snapshot.  Each owns a two-half staging area in shared memory and
-  fills one half per grant: a chunk of env steps, handed over with one small message.
-* The main process is the learner *and* the replay manager: it owns the algorithm, the sum
-  tree and the data storage (a preallocated ring in shared memory, `Storage(buffers=...)`).
-  It copies each staged chunk into the ring with one batched insert (new items get the max
-  priority), samples, learns and writes the learner's priorities straight into the one tree
-  the sampler reads: no priority ever crosses a process boundary, and the learner, which is
-  the bottleneck at the presets' replay ratios, never waits on another process for data.
-* Parameters go learner -> actors through a seqlock in shared memory (hetrl/runtime/shm.py):
-  published every `publish_interval` x `gradient_steps` updates, picked up by the actor at its
-  next chunk, without either side blocking; staleness = learner version - acting version.
-* A Reverb rate limiter (hetrl/replay/rate_limiter.RatioRule) keeps samples per insert at the
-  preset's ratio: SPI = batch_size x gradient_steps / train_freq transitions per env step.
-  Actors get a grant only when its env steps may be inserted (grants count as inserts in
-  flight), so they block on their control pipe when the learner is behind; the learner samples
-  only what the rule allows and blocks in `connection.wait` on the actors' pipes when it is
-  ahead.  Nobody spins.
-* Prefetch: a learner thread draws the next group of batches (numba sum tree, NumPy gathers
-  into fixed double buffers: both release the GIL) while the main thread runs `algo.learn`.
-
-Life cycle: processes come from a forkserver (spawn where missing) that preloads torch, so an
-actor starts in ~10 ms; an actor that dies is reported and replaced; an error inside an actor
-is raised here with the actor's message and traceback; SIGTERM is turned into the SIGINT that
-`Run.learn` already handles (stop at the end of the phase, save a checkpoint).  If this
-process is killed outright, the actors exit on their own (lifeline pipe, PR_SET_PDEATHSIG) and
-the shared memory, which has no name in /dev/shm (memfd), is freed with the last mapping.
+Life cycle: actors come from a preloaded forkserver (~10 ms each); a dead actor is replaced
+(core.Restarts); an actor's error is raised here with its traceback; if this process is killed,
+the actors exit too (lifeline pipe, PR_SET_PDEATHSIG) and the nameless shared memory is freed.
+docs/local.md has the details and the measurements.
 """
 
 from __future__ import annotations
@@ -57,7 +42,6 @@ from hetrl.runtime.layout import layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
 from hetrl.runtime.shm import SharedArrays, SharedParameterStore
 
-PHASE_S = 0.1            # a phase() returns after about this long, so Ctrl-C is seen quickly
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
 # what every actor imports; actors get their policy pickled from the learner and build no
 # optimizer (torch.optim's first optimizer imports torch._dynamo: 1-3 s of CPU per process)
@@ -221,19 +205,11 @@ class LocalSchedule(Schedule):
         return [h.proc.pid for h in self._fleet.handles if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
-    def phase(self) -> list[tuple[float, int]]:
-        if self._closed:
-            raise HetrlError("this local schedule was closed; make a new Run")
-        t_end = time.perf_counter() + PHASE_S
-        while not self._check_finished():
-            self._pump(timeout=0.0)
-            self._grant()
-            if not self._learn_step():
-                self._pump(timeout=PHASE_S)
-            if time.perf_counter() >= t_end:
-                break
-        eps, self._episodes = self._episodes, []
-        return eps
+    def _step(self) -> None:
+        self._pump(timeout=0.0)
+        self._grant()
+        if not self._learn_step():
+            self._pump(timeout=self.PHASE_S)
 
     def done(self) -> bool:
         return self._check_finished()
@@ -250,23 +226,13 @@ class LocalSchedule(Schedule):
         elif self._ready is not None or self._pending is not None:
             return False
         if cfg.rate_limit and c.env_steps >= self.lay.min_size:
-            owed = c.env_steps * self.lay.spi - c.samples - self._offset
-            if owed >= cfg.batch_size and len(self.replay) >= cfg.batch_size:
+            if self.core.owed(self.lay, c.samples) >= cfg.batch_size and len(self.replay) >= cfg.batch_size:
                 return False
         self._finished = True
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
 
-    @property
-    def _offset(self) -> float:
-        return self.lay.spi * self.lay.min_size
-
     # rate limiter -----------------------------------------------------------------------------------
-    def _grant_size(self) -> int:
-        m = self.lay.envs_per_actor
-        left = self.cfg.steps - self.c.env_steps - self._reserved
-        return 0 if left <= 0 else -(-min(self.lay.chunk, left) // m) * m
-
     def _may_insert(self, n: int) -> bool:
         if not self.cfg.rate_limit:
             return True
@@ -283,11 +249,11 @@ class LocalSchedule(Schedule):
             return 0
         # Reverb lets the sampler lead by the error buffer; in lockstep, and once every env step
         # is in, the learner only catches up (no lead), as inline does
-        floor = self.rule.min_diff if self.cfg.overlap and c.env_steps < self.cfg.steps else self._offset
+        floor = self.rule.min_diff if self.cfg.overlap and c.env_steps < self.cfg.steps else \
+            self.lay.spi * self.lay.min_size
         avail = int((c.env_steps * self.lay.spi - c.samples - floor) // B)
         # ... but never beyond what the whole run owes, so the final ratio is the preset's
-        total = max(self.cfg.steps, c.env_steps) * self.lay.spi - self._offset
-        avail = min(avail, int((total - c.samples) // B))
+        avail = min(avail, int(self.core.owed(self.lay, c.samples) // B))
         return max(0, min(self.lay.group, avail))
 
     def _grant(self) -> None:
@@ -306,7 +272,7 @@ class LocalSchedule(Schedule):
             for half in (0, 1):
                 if half in h.outstanding or (lockstep and h.outstanding):
                     continue
-                n = self._grant_size()
+                n = self.core.grant_size(self.lay, self._reserved)
                 if n == 0 or not self._may_insert(n):
                     return
                 # the algorithm's exploration at the global step count of each vector step

@@ -1,33 +1,19 @@
-"""The ray schedule: actors on any node of a Ray cluster, a replay server they and the learner share.
+"""The ray schedule's transport: actors on any node of a Ray cluster, a replay server they share.
 
     hetrl train dqn --env CartPole-v1 --schedule ray [--address auto|HOST:PORT] [--actors N]
 
-The same parts and the same algorithm code as the inline and local schedules, as Ray actors:
+* N Ray actors (ray_actor.py) step M envs each and push their chunks straight to their replay
+  shard; the learner core runs in this (driver) process.
+* The replay server (hetrl/replay/server.py, seeds/004) is replay manager + data storage + rate
+  limiter in a threaded Ray actor (`replay_shards` of them; actor i feeds shard i mod S).
+  Prioritised sampling and the gather happen there; the learner gets ready batches, keeps one
+  request in flight while it learns (prefetch) and sends |TD| back to the tree that sampled.
+* Parameters: one `ray.put` per publication, read by every actor (params.RayParameterStore).
 
-* N actors (hetrl/runtime/ray_actor.py), each a Ray actor with `ray_actor_cpus` CPUs, placed by
-  Ray on any node; each steps `envs_per_actor` envs and pushes its chunks of transitions
-  straight to its replay shard.
-* The replay server (hetrl/replay/server.py, seeds/004): replay manager + data storage + rate
-  limiter as a threaded Ray actor (`replay_shards` of them for large clusters; actor i feeds
-  shard i mod S, the learner samples the shards in turn).  Prioritised sampling is done there:
-  the learner receives a ready batch with its keys and importance weights, and sends |TD|
-  back to the tree that sampled it.  The server's rate limiter makes an insert wait while the
-  actors are ahead, a sample wait while the learner is ahead (Reverb's rule, as in local).
-* The learner is this (driver) process, as in the local schedule: it keeps one sample request
-  in flight while it learns (prefetch), and publishes weights with one `ray.put` every
-  `publish_interval` x `gradient_steps` updates: one object in the object store that every
-  actor reads (a broadcast), fetched by an actor only when newer than what it acts with.
-  To put the learner on a GPU node, run the driver there (on the head node, or submit it with
-  `ray job submit --entrypoint-num-gpus 1 -- hetrl train ... --schedule ray`).
-
-Fault tolerance: an actor that dies (its node lost, a crash, `ray.kill`) is replaced by a new
-Ray actor, placed wherever the cluster has CPUs, with fresh env seeds, and the run goes on; the learner counts
-env steps from the server's acknowledgements, so what the server acknowledged is in the replay
-and counted, and a chunk lost with its actor is simply collected again.  The server's
-contents go into the run's checkpoint with --save-replay, and `--resume` restores them.
-
-Without `ray_address` (`--address`) a local Ray instance is started (and stopped at the end);
-an already initialised Ray (`ray.init` in the caller) is used as it is.
+An actor that dies (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs;
+env steps are counted from the servers' acknowledgements, so a chunk lost with its actor is
+collected again. Without `ray_address` a local Ray is started and stopped; a Ray the caller
+initialised is used as it is. docs/ray.md has the details.
 """
 
 from __future__ import annotations
@@ -42,12 +28,11 @@ import torch
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
-from hetrl.replay.server import ReplayServer
+from hetrl.replay.server import ReplayServer, ShardedReplay
 from hetrl.runtime.core import LearnerCore, Restarts, Schedule
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
 
-PHASE_S = 0.1             # a phase() returns after about this long, so Ctrl-C is seen quickly
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
 PER_GROUP = 8            # prioritised: batches per sample call (their priorities are updated together)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
@@ -108,51 +93,6 @@ class _Slot:
         self.handle = None
         self.calls: dict = {}          # ObjectRef -> env steps granted
         self.where: dict = {}
-
-
-class ShardedReplay:
-    """The learner's handle on the replay shards (Ray actors serving ReplayServer)."""
-
-    def __init__(self, handles: list):
-        self.handles = handles
-        self.next = 0                  # the shard the next sample comes from
-
-    def state_dict(self) -> dict:
-        """One shard: the ReplayBuffer's own state (the same file as the other schedules write)."""
-        import ray
-
-        states = ray.get([h.state_dict.remote() for h in self.handles])
-        if len(states) == 1:
-            return states[0]["replay"]
-        return {"shards": states}
-
-    def load_state_dict(self, state: dict) -> None:
-        import ray
-
-        if "shards" in state:
-            if len(state["shards"]) != len(self.handles):
-                raise UsageError(f"the saved replay has {len(state['shards'])} shards, this run has "
-                                 f"{len(self.handles)}: set replay_shards={len(state['shards'])}")
-            ray.get([h.load_state_dict.remote(s) for h, s in zip(self.handles, state["shards"])])
-        elif len(self.handles) == 1:
-            ray.get(self.handles[0].load_replay.remote(state))
-        else:
-            raise UsageError("the saved replay is one buffer; resume it with replay_shards=1")
-
-    def __len__(self) -> int:
-        import ray
-
-        return sum(s["size"] for s in ray.get([h.stats.remote() for h in self.handles]))
-
-
-class _Server(ReplayServer):
-    """ReplayServer plus the calls the ray schedule needs."""
-
-    def load_replay(self, replay_state: dict) -> None:
-        with self._cond:
-            self.replay.load_state_dict(replay_state)
-            self.rows = len(self.replay)
-            self._cond.notify_all()
 
 
 class RaySchedule(Schedule):
@@ -222,7 +162,7 @@ class RaySchedule(Schedule):
         cfg, lay = self.cfg, self.lay
         S = cfg.replay_shards
         here = ray.get_runtime_context().get_node_id()
-        remote = ray.remote(num_cpus=0, max_concurrency=lay.actors + 8, max_restarts=0)(_Server)
+        remote = ray.remote(num_cpus=0, max_concurrency=lay.actors + 8, max_restarts=0)(ReplayServer)
         # the shards sit on the learner's node (soft: elsewhere if it cannot host them), so sampled
         # batches reach the learner through local shared memory
         where = NodeAffinitySchedulingStrategy(node_id=here, soft=True)
@@ -258,25 +198,17 @@ class RaySchedule(Schedule):
         return sorted({s.where.get("node", "?") for s in self.slots})
 
     # ---- the learner's loop ---------------------------------------------------------------------
-    def phase(self) -> list[tuple[float, int]]:
+    def _step(self) -> None:
         import ray
 
-        if self._closed:
-            raise HetrlError("this ray schedule was closed; make a new Run")
-        t_end = time.perf_counter() + PHASE_S
-        while not self._check_finished():
-            self._grant()
-            if not self._learn_step():
-                refs = self._refs()
-                if refs:
-                    t0 = time.perf_counter()
-                    ray.wait(refs, num_returns=1, timeout=PHASE_S)
-                    self.c.learner_wait_s += time.perf_counter() - t0
-            self._harvest()
-            if time.perf_counter() >= t_end:
-                break
-        eps, self._episodes = self._episodes, []
-        return eps
+        self._grant()
+        if not self._learn_step():
+            refs = self._refs()
+            if refs:
+                t0 = time.perf_counter()
+                ray.wait(refs, num_returns=1, timeout=self.PHASE_S)
+                self.c.learner_wait_s += time.perf_counter() - t0
+        self._harvest()
 
     def done(self) -> bool:
         return self._check_finished()
@@ -287,14 +219,8 @@ class RaySchedule(Schedule):
             refs.append(self._pending[1])
         return refs
 
-    @property
-    def _offset(self) -> float:
-        return self.lay.spi * self.lay.min_size
-
     def _owed(self) -> float:
-        """Transitions the learner may still ask for in this run (the preset's replay ratio)."""
-        total = max(self.cfg.steps, self.c.env_steps) * self.lay.spi - self._offset
-        return total - self._requested
+        return self.core.owed(self.lay, self._requested)
 
     def _check_finished(self) -> bool:
         if self._finished:
@@ -313,10 +239,9 @@ class RaySchedule(Schedule):
         m = lay.envs_per_actor
         for s in self.slots:
             while len(s.calls) < IN_FLIGHT:
-                left = self.cfg.steps - self.c.env_steps - self._reserved
-                if left <= 0:
+                n = self.core.grant_size(lay, self._reserved)
+                if n <= 0:
                     return
-                n = -(-min(lay.chunk, left) // m) * m
                 table = self.core.exploration(self.c.env_steps + self._reserved, n, m)
                 ref = s.handle.collect.remote(n, table, self.params)
                 s.calls[ref] = n
