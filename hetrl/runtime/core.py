@@ -235,12 +235,13 @@ class Restarts:
         self.core, self.limit = core, limit
         self.count: dict[int, int] = {}
 
-    def record(self, index: int, what: str) -> int:
-        """Count a death of actor `index` ("actor 1 (pid 42) exited with code 1"); raise past the limit,
-        else say it and return the actor's restart number."""
+    def record(self, index: int, what: str, give_up) -> int:
+        """Count a death of actor `index` ("actor 1 (pid 42) exited with code 1"); past the limit call
+        `give_up()` (the schedule's close) and raise, else say it and return the restart number."""
         n = self.count[index] = self.count.get(index, 0) + 1
         self.core.c.restarts += 1
         if n > self.limit:
+            give_up()
             raise HetrlError(f"{what}, restart {n}: giving up")
         print(f"hetrl: {what}; starting a new one (restart {n} of {self.limit})", file=sys.stderr, flush=True)
         return n

@@ -405,11 +405,7 @@ class LocalSchedule(Schedule):
                     "under `if __name__ == '__main__':`)" if _main_needed(self.env) else "")
             raise HetrlError(f"actor {h.index} (pid {proc.pid}) {what} while starting; its error is printed "
                              f"above{hint}")
-        try:
-            self._restarts.record(h.index, f"actor {h.index} (pid {proc.pid}) {what}")
-        except HetrlError:
-            self.close()
-            raise
+        self._restarts.record(h.index, f"actor {h.index} (pid {proc.pid}) {what}", self.close)
         self._spawn(h)
 
     def _record(self) -> None:

@@ -283,11 +283,7 @@ class RaySchedule(Schedule):
         for ref, n in s.calls.items():
             self._reserved -= n
         s.calls = {}
-        try:
-            self._restarts.record(s.index, f"actor {s.index} died ({err.__class__.__name__})")
-        except HetrlError:
-            self.close()
-            raise
+        self._restarts.record(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close)
         self._spawn(s)
 
     # learning -----------------------------------------------------------------------------------------
