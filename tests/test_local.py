@@ -340,3 +340,16 @@ def test_learner_priorities_reach_the_tree_and_steer_the_next_samples(local):
         assert frac > 5 * share, (frac, share)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("schedule", ["inline", "local"])
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_run_stops_at_exactly_the_env_steps_asked_for(tiny, schedule, n_step):
+    """590 env steps on 4 envs: the last vector step keeps the transitions of its first 2 envs only."""
+    settings = {**tiny, "steps": 590, "schedule": schedule, "n_step": n_step}
+    if schedule == "local":
+        settings.update(actors=2, envs_per_actor=2, insert_chunk=96)
+    run = hetrl.train("dqn", "CartPole-v1", progress=False, save_replay=False, **settings)
+    assert run.result["env_steps"] == 590
+    if n_step == 1:  # one transition per env step
+        assert len(run.schedule.replay) == 590

@@ -83,8 +83,10 @@ class Actor:
         self.params_version = version
 
     def collect(self, n: int, explore: Callable[[int], Optional[float]],
-                out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | int | None:
-        """Step the vector env until at least `n` env steps are done.
+                out: dict[str, np.ndarray] | None = None, limit: int | None = None) -> dict[str, np.ndarray] | int | None:
+        """Step the vector env until at least `n` env steps are done, but never more than `limit`:
+        a last vector step that would pass it keeps (and counts) the transitions of its first envs
+        only, so a run stops at exactly the env steps asked for.
 
         explore(env_steps) gives the exploration parameter of the algorithm (epsilon, noise std)
         or None for uniform random actions (the warm-up before learning starts).
@@ -95,7 +97,9 @@ class Actor:
         parts: list[dict[str, np.ndarray]] = []
         rows = 0
         target = self.env_steps + n
+        end = self.env_steps + (limit if limit is not None else n + self.num_envs)
         while self.env_steps < target:
+            keep = min(self.num_envs, end - self.env_steps)   # < num_envs only on a run's last step
             env_action, stored_action = self.policy.act(self.obs, explore(self.env_steps))
             obs, reward, terminated, truncated, info = self.venv.step(env_action)
             done = terminated | truncated
@@ -105,6 +109,9 @@ class Actor:
                 for i in np.flatnonzero(done):
                     next_obs[i] = info["final_obs"][i]
             batch = self.adder.add(self.obs, stored_action, reward, next_obs, terminated, truncated)
+            if batch is not None and keep < self.num_envs:
+                mask = self.adder.last_envs < keep
+                batch = {k: v[mask] for k, v in batch.items()} if mask.any() else None
             if batch is not None:
                 k = len(batch["obs"])
                 if out is None:
@@ -122,7 +129,7 @@ class Actor:
                 self._ep_len[done] = 0
                 self.policy.episode_end(done)
             self.obs = obs
-            self.env_steps += self.num_envs
+            self.env_steps += keep
         if out is not None:
             return rows
         if not parts:

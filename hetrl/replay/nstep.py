@@ -67,6 +67,7 @@ class NStepAdder:
         self._count = np.zeros(self.num_envs, dtype=np.int64)
         self._envs = np.arange(self.num_envs)
         self._slots = np.arange(self.n)
+        self.last_envs = self._envs  # the env of each row of the last batch add() returned
 
     def reset(self) -> None:
         """Drop every env's pending steps (e.g. after all envs were reset)."""
@@ -94,6 +95,7 @@ class NStepAdder:
                     f"NStepAdder.add {name} must have leading dim num_envs={E}, got shape {arr.shape}."
                 )
         if self.n == 1:  # pass-through; copies so a caller reusing its arrays cannot alias the batch
+            self.last_envs = self._envs
             return {
                 "obs": obs.copy(),
                 "action": action.copy(),
@@ -123,6 +125,7 @@ class NStepAdder:
         j = self._slots[None, :]
         emit = np.where(done[:, None], j < count[:, None], (j == 0) & (count[:, None] == n))
         env_idx, j_idx = np.nonzero(emit)
+        self.last_envs = env_idx
         if env_idx.size == 0:
             return None
 

@@ -134,9 +134,8 @@ class LearnerCore:
 
     def grant_size(self, lay, reserved: int) -> int:
         """Env steps for an actor's next collect call (layout `lay`, `reserved` granted, not yet in):
-        a chunk, no more than the run still needs, in whole vector steps."""
-        left, m = self.cfg.steps - self.c.env_steps - reserved, lay.envs_per_actor
-        return 0 if left <= 0 else -(-min(lay.chunk, left) // m) * m
+        a chunk (whole vector steps), or exactly what the run still needs."""
+        return max(0, min(lay.chunk, self.cfg.steps - self.c.env_steps - reserved))
 
     def owed(self, lay, drawn: int) -> float:
         """Transitions the learner may still draw in this run: the preset's replay ratio over the

@@ -41,8 +41,9 @@ class InlineSchedule(Schedule):
         cfg, core, c = self.cfg, self.core, self.c
         t0 = time.perf_counter()
         before = self.actor.env_steps
-        n = min(cfg.train_freq, cfg.steps - c.env_steps)
-        batch = self.actor.collect(n, lambda s: core.algo.exploration(c.env_steps + s - before))
+        left = cfg.steps - c.env_steps
+        batch = self.actor.collect(min(cfg.train_freq, left), lambda s: core.algo.exploration(c.env_steps + s - before),
+                                   limit=left)
         t1 = time.perf_counter()
         if batch is not None:
             self.replay.insert(batch)

@@ -118,7 +118,7 @@ def _run(args: ActorArgs, ctrl, data) -> None:
             if new is not None:
                 actor.load(*new)
             start = actor.env_steps
-            rows = actor.collect(n, ExploreTable(table, start, actor.num_envs), out=halves[half])
+            rows = actor.collect(n, ExploreTable(table, start, actor.num_envs), out=halves[half], limit=n)
             data.send(("chunk", half, rows, actor.env_steps - start, actor.params_version, actor.drain_episodes(),
                        time.perf_counter() - t0))
     finally:

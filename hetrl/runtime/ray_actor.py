@@ -48,7 +48,7 @@ class RayActor:
         if new is not None:
             self.actor.load(*new)
         start = self.actor.env_steps
-        batch = self.actor.collect(n, ExploreTable(explore, start, self.actor.num_envs))
+        batch = self.actor.collect(n, ExploreTable(explore, start, self.actor.num_envs), limit=n)
         steps = self.actor.env_steps - start
         busy = time.perf_counter() - t0
         rows = 0 if batch is None else len(batch["obs"])
