@@ -57,16 +57,20 @@ def shm_entries() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.name.startswith(OURS)} if SHM.is_dir() else set()
 
 
-def start_training(out: Path, steps: int = 1_000_000) -> subprocess.Popen:
-    cmd = [HETRL, "train", "dqn", "--env", "CartPole-v1", "--plan", "none", "--schedule", "local", "--actors", "2",
-           "--envs-per-actor", "2", "--steps", str(steps), "--out", str(out), "--no-progress",
+def start_training(out: Path, steps: int = 1_000_000, tmp: Path | None = None, schedule: str = "local",
+                   group: bool = False) -> subprocess.Popen:
+    sched = ["--schedule", "local", "--actors", "2", "--envs-per-actor", "2"] if schedule == "local" else \
+        ["--schedule", "inline", "--set", "num_envs=4"]
+    cmd = [HETRL, "train", "dqn", "--env", "CartPole-v1", "--plan", "none", *sched, "--steps", str(steps), "--out", str(out), "--no-progress",
            "--set", "net_arch=[32,32]", "--set", "learning_starts=200", "--set", "train_freq=100",
            "--set", "gradient_steps=10", "--set", "batch_size=32", "--set", "buffer_size=5000",
            "--set", "log_interval=200", "--set", "threads=1", "--set", "eval_episodes=0"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "TMPDIR": str(tmp)} if tmp is not None else None
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=group)
 
 
-def wait_until_training(p: subprocess.Popen, out: Path, timeout: float = 120.0) -> set[int]:
+def wait_until_training(p: subprocess.Popen, out: Path, timeout: float = 120.0, processes: int = 2) -> set[int]:
     """Wait for a logged progress row; return the process tree (actors, forkserver ...)."""
     deadline = time.monotonic() + timeout
     csv = out / "progress.csv"
@@ -75,7 +79,7 @@ def wait_until_training(p: subprocess.Popen, out: Path, timeout: float = 120.0) 
             raise AssertionError(f"training exited early ({p.returncode}): {p.stderr.read()}")
         if csv.exists() and len(csv.read_text().splitlines()) >= 2:
             tree = descendants(p.pid)
-            if len(tree) >= 2:  # the two actors at least
+            if len(tree) >= processes:  # the two actors at least (local)
                 return tree
         time.sleep(0.2)
     p.kill()
@@ -90,6 +94,27 @@ def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
             return left
         time.sleep(0.1)
     return {pid for pid in pids if alive(pid)}
+
+
+@pytest.mark.parametrize("schedule", ["inline", "local"])
+def test_sigterm_to_the_process_group_stops_like_ctrl_c(tmp_path, schedule):
+    """`timeout` or a cluster scheduler signals the whole group: checkpoint, result.json, exit 143, and
+    actors that got the signal too are neither reported as crashed nor restarted."""
+    out = tmp_path / "run"
+    p = start_training(out, schedule=schedule, group=True)
+    try:
+        tree = wait_until_training(p, out, processes=2 if schedule == "local" else 0)
+        os.killpg(p.pid, signal.SIGTERM)
+        rc = p.wait(60)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 143, err
+    res = json.loads((out / "result.json").read_text())
+    assert res["interrupted"] == "SIGTERM" and (out / "checkpoint.pt").is_file()
+    assert "starting a new one" not in err and "Traceback" not in err and "interrupted (SIGTERM) at" in err
+    assert wait_gone(tree) == set()
 
 
 def test_sigint_stops_all_processes_and_saves_a_checkpoint(tmp_path):
@@ -113,8 +138,9 @@ def test_sigint_stops_all_processes_and_saves_a_checkpoint(tmp_path):
 
 def test_sigkill_of_the_main_process_leaves_no_process_and_no_shm(tmp_path):
     before = shm_entries()
-    out = tmp_path / "run"
-    p = start_training(out)
+    out, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    p = start_training(out, tmp=tmp)
     try:
         tree = wait_until_training(p, out)
         # while it runs: no named segment at all (the shared memory is memfd, nameless)
@@ -126,6 +152,7 @@ def test_sigkill_of_the_main_process_leaves_no_process_and_no_shm(tmp_path):
             p.kill()
     assert wait_gone(tree) == set(), "processes left behind"
     assert shm_entries() - before == set(), "shared memory left behind"
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")] == [], "temp folder left behind"
 
 
 def test_sigterm_stops_the_run_like_ctrl_c(tiny, tmp_path):

@@ -59,9 +59,15 @@ def _context(warm: bool = False):
     if method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
         if warm:
-            from multiprocessing import forkserver
+            from multiprocessing import forkserver, util
 
-            forkserver.ensure_running()
+            # the forkserver's socket is in multiprocessing's temp folder (pymp-*), which this process
+            # removes at exit; if it is killed outright, the forkserver removes it (local_actor.py)
+            os.environ["HETRL_FORKSERVER_TMP"] = util.get_temp_dir()
+            try:
+                forkserver.ensure_running()
+            finally:
+                os.environ.pop("HETRL_FORKSERVER_TMP", None)
     return ctx
 
 

@@ -33,6 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 
+if os.environ.get("HETRL_FORKSERVER_TMP"):  # imported by the forkserver (its preload):
+    import atexit
+    import shutil
+
+    # it outlives a killed learner by a moment: it removes the socket's temp folder
+    atexit.register(shutil.rmtree, os.environ["HETRL_FORKSERVER_TMP"], True)
+    # SIGTERM to the process group is the learner's to handle (it stops the actors itself); a forkserver
+    # killed by it would make every actor look crashed (exit code 255) and be restarted
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @dataclass
 class ActorArgs:
     index: int
