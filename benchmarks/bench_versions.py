@@ -1,0 +1,85 @@
+"""hetrl against an earlier hetrl (or a setting against another), alternating in one run.
+
+    python benchmarks/bench_versions.py --variant before=/path/to/old/checkout \
+        --variant after=.:fastpath=true --variant public=.:fastpath=false [--rounds 2]
+
+Each variant is NAME=CHECKOUT[:key=value,...]: the hetrl source tree to import (PYTHONPATH) and
+settings added to the presets. Every round runs each workload under each variant in fresh
+subprocesses, the order flipped every other round, so all see the same machine load. Prints
+env steps/s per variant and the ratios to the first variant (medians), and writes
+benchmarks/results/bench_versions.json. Workloads: DQN CartPole-v1 (20k steps) and DDPG
+Pendulum-v1 (4k steps after a 1k warm-up), inline, --plan none, one learner thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = {"dqn-cartpole": ("dqn", "CartPole-v1", {"steps": 20000}),
+             "ddpg-pendulum": ("ddpg", "Pendulum-v1", {"steps": 4000, "learning_starts": 1000})}
+CHILD = r"""
+import json, sys, time
+import hetrl
+algo, env, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+t = time.perf_counter()
+run = hetrl.train(algo, env, progress=False, evaluate_episodes=0, eval_episodes=0, threads=1, **settings)
+print(json.dumps({"wall_s": time.perf_counter() - t, "env_steps_per_s": run.result["env_steps_per_s"],
+                  "env_steps": run.result["env_steps"], "gradient_steps": run.result["gradient_steps"]}))
+"""
+
+
+def parse_variant(text: str) -> tuple[str, str, dict]:
+    name, _, rest = text.partition("=")
+    path, _, sets = rest.partition(":")
+    settings = {}
+    for pair in filter(None, sets.split(",")):
+        k, v = pair.split("=", 1)
+        settings[k] = json.loads(v) if v not in ("true", "false") else v == "true"
+    return name, str(Path(path).resolve()), settings
+
+
+def run_one(path: str, algo: str, env: str, settings: dict) -> dict:
+    env_vars = {**os.environ, "PYTHONPATH": path}
+    p = subprocess.run([sys.executable, "-c", CHILD, algo, env, json.dumps(settings)], capture_output=True,
+                       text=True, env=env_vars, cwd=path)
+    if p.returncode != 0:
+        raise SystemExit(f"{path} {algo} {env} failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", action="append", required=True, help="NAME=CHECKOUT[:key=value,...]")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in args.variant]
+    runs: dict = {w: {v[0]: [] for v in variants} for w in args.only.split(",")}
+    for r in range(args.rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for w in runs:
+            algo, env, base = WORKLOADS[w]
+            for name, path, settings in order:
+                res = run_one(path, algo, env, {**base, **settings})
+                runs[w][name].append(res)
+                print(f"round {r + 1} {w} {name}: {res['env_steps_per_s']:,.0f} env steps/s", flush=True)
+    first = variants[0][0]
+    summary = {}
+    for w, by in runs.items():
+        med = {n: statistics.median(x["env_steps_per_s"] for x in rs) for n, rs in by.items()}
+        summary[w] = {"median_env_steps_per_s": med, "ratio_to_" + first: {n: m / med[first] for n, m in med.items()}}
+        print(f"{w}: " + ", ".join(f"{n} {m:,.0f} ({m / med[first]:.2f}x)" for n, m in med.items()))
+    out = HERE / "results" / "bench_versions.json"
+    out.write_text(json.dumps({"variants": args.variant, "runs": runs, "summary": summary}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
