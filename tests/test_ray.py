@@ -175,6 +175,39 @@ def test_replay_saved_from_the_server_and_resumed(local_ray, tmp_path):
 
 
 @pytest.mark.ray
+def test_a_checkpoint_of_another_schedule_resumes_on_ray_and_an_error_closes_the_run(local_ray, tmp_path):
+    """An inline checkpoint (replay included) continues on Ray; a run that fails leaves no Ray actor."""
+    import torch
+
+    import hetrl
+    from hetrl.errors import UsageError
+
+    out = tmp_path / "r"
+    hetrl.train("dqn", "CartPole-v1", steps=600, seed=1, out=out, learning_starts=200, num_envs=4, net_arch=[32],
+                save_replay=True, progress=False, evaluate_episodes=0, eval_episodes=0)
+    run = hetrl.resume(out, steps=1200, progress=False, evaluate_episodes=0, schedule="ray", actors=1)
+    assert run.result["schedule"] == "ray" and run.result["env_steps"] >= 1200
+    assert int(torch.load(out / "replay.pt", weights_only=True)["storage"]["size"]) >= 1200
+    from hetrl.api import Run
+    from hetrl.config import make_config
+
+    cfg = make_config("dqn", "CartPole-v1", {"schedule": "ray", "actors": 1, "env_backend": "envpool",
+                                             "steps": 1000, "eval_episodes": 0})
+    from hetrl.actors.envs import envpool_supports
+
+    if envpool_supports("CartPole-v1"):
+        return
+    with pytest.raises(UsageError, match="env_backend=envpool"):  # the setting reached the Ray actor
+        Run(cfg, "CartPole-v1")
+    import time
+
+    deadline = time.monotonic() + 20  # every actor it started was stopped: all CPUs free again
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
+
+
+@pytest.mark.ray
 def test_ray_usage_errors(local_ray):
     from hetrl.config import make_config
     from hetrl.errors import UsageError

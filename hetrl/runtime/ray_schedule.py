@@ -19,6 +19,7 @@ initialised is used as it is. docs/ray.md has the details.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import replace
 
@@ -338,6 +339,10 @@ class RaySchedule(Schedule):
         cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
         if isinstance(cause, UsageError):
             return UsageError(str(cause))
+        # an actor that failed in its constructor (a bad setting) dies with the error as text only
+        said = re.search(r"hetrl\.errors\.UsageError: (.+)", str(e))
+        if said:
+            return UsageError(said.group(1).strip())
         return HetrlError(f"a Ray actor failed {where}: {e}")
 
     def actor_handles(self) -> list:
