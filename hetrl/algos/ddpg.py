@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hetrl.algos import fastpath
-from hetrl.algos.nets import FlatAdam, mlp, soft_update
+from hetrl.algos.nets import FlatAdam, flatten, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -103,6 +103,7 @@ class DDPG:
         self.critic_target.requires_grad_(False)
         self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)
         self.critic_opt = FlatAdam(self.critic, cfg.lr, cfg.max_grad_norm)
+        self.actor_target_flat, self.critic_target_flat = flatten(self.actor_target), flatten(self.critic_target)
         self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
         self.updates = 0
 
@@ -144,8 +145,8 @@ class DDPG:
                 self.actor_opt.step(-self.critic(b["obs"], self.actor(b["obs"])).mean())
             else:  # the same two losses through their hand-derived gradients
                 td = fastpath.ddpg_step(self, b["obs"], b["action"], target, weights[k])
-            soft_update(self.critic_target, self.critic, self.cfg.tau)
-            soft_update(self.actor_target, self.actor, self.cfg.tau)
+            soft_update(self.critic_target_flat, self.critic_opt.flat, self.cfg.tau)
+            soft_update(self.actor_target_flat, self.actor_opt.flat, self.cfg.tau)
             td_all[k] = td.detach().abs()
         self.updates += weights.shape[0]
         return td_all

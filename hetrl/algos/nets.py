@@ -25,23 +25,34 @@ def mlp(sizes: list[int], out_act: type[nn.Module] | None = None) -> nn.Sequenti
     return nn.Sequential(*layers)
 
 
+@torch.no_grad()
+def flatten(module: nn.Module) -> torch.Tensor:
+    """Make every parameter of `module` a view of one contiguous buffer, and return the buffer:
+    one kernel then updates them all (an Adam step, a gradient clip, a Polyak average)."""
+    params = list(module.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        flat[offset:offset + n].copy_(p.data.reshape(-1))
+        p.data = flat[offset:offset + n].view_as(p)
+        offset += n
+    return flat
+
+
 class FlatAdam:
     """Adam over every parameter of `module`, stored in one flat buffer (create it after the
     module is on its device; the module's parameters become views of the buffer)."""
 
     def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0, eps: float = 1e-8):
         params = self.params = list(module.parameters())
-        numel = sum(p.numel() for p in params)
         ref = params[0]
-        self.flat = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
+        self.flat = flatten(module)
         self.grad = torch.zeros_like(self.flat)
         offset = 0
         for p in params:
-            n = p.numel()
-            self.flat[offset:offset + n].copy_(p.data.reshape(-1))
-            p.data = self.flat[offset:offset + n].view_as(p)
-            p.grad = self.grad[offset:offset + n].view_as(p)   # backward accumulates in place
-            offset += n
+            p.grad = self.grad[offset:offset + p.numel()].view_as(p)   # backward accumulates in place
+            offset += p.numel()
         self.param = nn.Parameter(self.flat)
         self.param.grad = self.grad
         self.max_grad_norm = max_grad_norm
@@ -64,9 +75,11 @@ class FlatAdam:
 
 
 @torch.no_grad()
-def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- tau * source + (1 - tau) * target  (tau = 1: hard copy)."""
-    for t, s in zip(target.parameters(), source.parameters()):
+def soft_update(target: nn.Module | torch.Tensor, source: nn.Module | torch.Tensor, tau: float) -> None:
+    """target <- tau * source + (1 - tau) * target  (tau = 1: hard copy); modules, or the flat
+    buffers of two networks of the same architecture (see `flatten`: one kernel)."""
+    pairs = [(target, source)] if isinstance(target, torch.Tensor) else zip(target.parameters(), source.parameters())
+    for t, s in pairs:
         if tau >= 1.0:
             t.copy_(s)
         else:
