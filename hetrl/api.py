@@ -149,10 +149,14 @@ class Run:
             if self.out is not None and s.c.env_steps:
                 with contextlib.suppress(Exception):
                     self.result = self._result()
-                    self.save(self.out, replay=self.save_replay)
-                    print(f"hetrl: stopped by {self.interrupted.split(':')[0]} at {s.c.env_steps:,} env steps; "
-                          f"checkpoint saved in {self.out} (continue with `hetrl train --resume {self.out}`)",
-                          file=sys.stderr)
+                    if getattr(e, "learner_ok", True):  # never checkpoint a learner that went non-finite
+                        self.save(self.out, replay=self.save_replay)
+                        print(f"hetrl: stopped by {self.interrupted.split(':')[0]} at {s.c.env_steps:,} env steps; "
+                              f"checkpoint saved in {self.out} (continue with `hetrl train --resume {self.out}`)",
+                              file=sys.stderr)
+                    else:
+                        self.out.mkdir(parents=True, exist_ok=True)
+                        write_json(self.result, self.out / "result.json")
             raise
         finally:
             logger.close()
@@ -296,12 +300,12 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
     over = _overrides(config, {"steps": steps, "seed": seed, **settings})
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
+    out_path = Path(out) if out is not None else None
+    if out_path is not None:  # before any profiling or training
+        check_out_dir(out_path, force)
     planned: dict[str, Any] = {}
     if plan == "auto":
         cfg, planned = auto_plan(cfg, over, objective, quiet=not progress)
-    out_path = Path(out) if out is not None else None
-    if out_path is not None:
-        check_out_dir(out_path, force)
     run = Run(cfg, env, out_path, save_replay)
     run.plan_info = planned
     run.learn(progress=progress)

@@ -19,12 +19,21 @@ RUN_FILES = ("checkpoint.pt", "result.json", "replay.pt")
 
 
 def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse to write over an existing run unless force."""
+    """Before any profiling or training: refuse to write over an existing run unless force, and make
+    sure the directory can be created and written (a probe file), so a run never fails at its end."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"output path {out} is a file, not a directory; choose another --out")
     if not force and out.is_dir() and any((out / f).exists() for f in RUN_FILES):
         raise UsageError(f"{out} already holds a run; pass --force to overwrite it, "
                          f"--resume {out} to continue it, or choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".hetrl-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the run directory {out} ({e.strerror or type(e).__name__}); "
+                         "choose another --out") from None
 
 
 def atomic_save(obj, path: Path) -> None:

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from hetrl.errors import UsageError
+from hetrl.errors import NonFiniteError, UsageError
 
 
 def _add_train(sub) -> None:
@@ -25,7 +25,7 @@ def _add_train(sub) -> None:
     p.add_argument("algo", nargs="?", help="dqn or ddpg")
     p.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1 or module:EnvId")
     p.add_argument("--steps", type=int, help="total env steps (default: the preset's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="default 0")
     p.add_argument("--out", help="run directory (default runs/ALGO-ENV-sSEED)")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting (repeatable); see `hetrl settings`")
@@ -91,10 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _overrides(args) -> dict:
-    from hetrl.config import parse_sets, read_config_file
+    """--config < --set, every value checked (also where a dedicated flag overrides the same key);
+    a dedicated flag that contradicts a --set of the same key is an error naming both."""
+    from hetrl.config import check_value, parse_sets, read_config_file
 
     over = read_config_file(args.config) if args.config else {}
-    over.update(parse_sets(args.sets))
+    sets = parse_sets(args.sets)
+    for key, value in sets.items():
+        check_value(key, value)
+    over.update(sets)
+    flags = {"steps": getattr(args, "steps", None), "seed": getattr(args, "seed", None)}
+    for key, flag in flags.items():
+        if flag is not None and key in sets and check_value(key, sets[key]) != flag:
+            raise UsageError(f"--{key} {flag} and --set {key}={sets[key]} disagree; give one of them")
     return over
 
 
@@ -132,7 +141,8 @@ def cmd_train(args) -> int:
     if args.steps is not None:
         over["steps"] = args.steps
     over.update(_schedule_flags(args))
-    over["seed"] = args.seed
+    if args.seed is not None:
+        over["seed"] = args.seed
     cfg = make_config(args.algo, args.env, over)
     check_spaces(cfg.algo, *probe_spaces(cfg.env))
     out = Path(args.out or f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
@@ -238,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:  # the data or the loss, not hetrl: one line, what and where
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("hetrl: interrupted", file=sys.stderr)
         return 130

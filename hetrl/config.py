@@ -36,6 +36,7 @@ class Config:
     env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
+    check_finite: bool = True          # stop at the first NaN/inf in inserted data or in the learner's TD errors
     fastpath: bool = False              # CPU learner: hand-derived gradients (algos/fastpath.py); the planner turns it on where faster
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
@@ -100,7 +101,7 @@ class Config:
 SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
                "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
                "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
-               "log_interval", "fastpath")
+               "log_interval", "fastpath", "check_finite")
 
 
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -171,6 +172,15 @@ def _coerce(key: str, value: Any) -> Any:
                          f"(e.g. --set {key}={_example(key)})") from None
 
 
+def check_value(key: str, value: Any) -> Any:
+    """One setting checked on its own (known key, right type): its typed value, or a UsageError."""
+    if key not in _FIELDS:
+        close = difflib.get_close_matches(key, _FIELDS, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "see `hetrl settings`"
+        raise UsageError(f"unknown setting {key!r}; {hint}")
+    return _coerce(key, value)
+
+
 def _example(key: str) -> str:
     v = getattr(Config(), key)
     return str(v).replace(" ", "").lower() if isinstance(v, (bool, list)) else str(v)
@@ -209,13 +219,7 @@ def make_config(algo: str, env: str, overrides: dict[str, Any] | None = None) ->
     merged: dict[str, Any] = {**ALGO_DEFAULTS[algo], **preset_for(algo, env)}
     merged.update(overrides or {})
     merged["algo"], merged["env"] = algo, env
-    values = {}
-    for key, value in merged.items():
-        if key not in _FIELDS:
-            close = difflib.get_close_matches(key, _FIELDS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "see `hetrl train --help-settings`"
-            raise UsageError(f"unknown setting {key!r}; {hint}")
-        values[key] = _coerce(key, value)
+    values = {key: check_value(key, value) for key, value in merged.items()}
     cfg = Config(**values)
     validate(cfg)
     return cfg

@@ -12,3 +12,12 @@ class HetrlError(Exception):
 
 class UsageError(HetrlError):
     """Bad user input; the CLI prints 'error: <msg>' and exits 2."""
+
+
+class NonFiniteError(HetrlError):
+    """NaN or inf in the data an actor inserted or in the learner's TD errors. `learner_ok`: the
+    learner's state is still finite (the bad data never reached it), so it may be checkpointed."""
+
+    def __init__(self, message: str, learner_ok: bool = True):
+        super().__init__(message)
+        self.learner_ok = learner_ok

@@ -34,6 +34,8 @@ import numpy as np
 import torch
 
 from hetrl.replay.storage import ArrayLike, Spec, Storage
+from hetrl.errors import NonFiniteError
+from hetrl.replay.finite import first_non_finite
 from hetrl.replay.sampler import PrioritizedSampler, UniformSampler
 from hetrl.replay.sumtree import SumTree
 
@@ -52,6 +54,7 @@ class ReplayBuffer:
         fanout: sum-tree fanout (default :data:`DEFAULT_FANOUT`).
         seed: seed of ``self.rng``; ``None`` draws fresh entropy.
         buffers: preallocated CPU arrays for the storage (e.g. shared memory).
+        check_finite: refuse (NonFiniteError) a batch with NaN or inf in obs, next_obs, reward or action.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class ReplayBuffer:
         fanout: int | None = None,
         seed: int | None = None,
         buffers: dict[str, np.ndarray] | None = None,
+        check_finite: bool = False,
     ) -> None:
         if int(capacity) <= 0:
             raise ValueError(f"ReplayBuffer capacity must be > 0, got {capacity}; set replay.capacity to a positive size.")
@@ -75,6 +79,7 @@ class ReplayBuffer:
         if eps <= 0:
             raise ValueError(f"ReplayBuffer eps must be > 0 (it keeps every priority positive), got {eps}.")
         self.rng = np.random.default_rng(seed)
+        self.check_finite = bool(check_finite)
         # the sampler first: a bad alpha/eps is refused before the storage is allocated
         self.sampler: UniformSampler | PrioritizedSampler = (
             PrioritizedSampler(int(capacity), self.rng, alpha, beta, eps, fanout) if prioritized
@@ -109,6 +114,10 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ write
     def insert(self, batch: Mapping[str, ArrayLike]) -> np.ndarray:
         """Store a batch of transitions; returns their int64 slot keys."""
+        if self.check_finite:
+            bad = first_non_finite(batch)
+            if bad:
+                raise NonFiniteError(f"non-finite data inserted into the replay: {bad}")
         keys = self.storage.insert(batch)
         self.sampler.on_insert(keys)
         return keys

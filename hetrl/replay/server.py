@@ -40,8 +40,10 @@ class ReplayServer:
 
     def __init__(self, capacity: int, spec: Spec, *, prioritized: bool = False, alpha: float = 0.6,
                  beta: float = 0.4, seed: int | None = None, samples_per_insert: float = 1.0,
-                 min_size: int = 1, error_buffer: float | tuple[float, float] = 1.0, rate_limit: bool = True):
-        self.replay = ReplayBuffer(capacity, spec, "cpu", prioritized=prioritized, alpha=alpha, beta=beta, seed=seed)
+                 min_size: int = 1, error_buffer: float | tuple[float, float] = 1.0, rate_limit: bool = True,
+                 check_finite: bool = False):
+        self.replay = ReplayBuffer(capacity, spec, "cpu", prioritized=prioritized, alpha=alpha, beta=beta, seed=seed,
+                                   check_finite=check_finite)
         self.rule = RatioRule.from_error_buffer(samples_per_insert, min_size, error_buffer)
         self.rate_limit = bool(rate_limit)
         self.inserts = 0          # env steps inserted (the rate limiter's unit)

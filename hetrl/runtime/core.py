@@ -30,8 +30,9 @@ from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec
 from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, UsageError
+from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay import ReplayBuffer
+from hetrl.replay.memory import check_replay_memory
 from hetrl.runtime.layout import grads_per_phase
 from hetrl.runtime.params import ParameterStore
 
@@ -88,6 +89,8 @@ class LearnerCore:
         self.obs_space, self.act_space = probe_spaces(env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(self.obs_space, self.act_space)
+        # before any storage, staging or GPU buffer is allocated: refuse a replay the device cannot hold
+        self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, self.device)
         self.c = Counters()
         self.params: ParameterStore | None = None
         self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
@@ -99,7 +102,16 @@ class LearnerCore:
     def make_replay(self, buffers: dict | None = None) -> ReplayBuffer:
         cfg = self.cfg
         return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
-                            alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers)
+                            alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers,
+                            check_finite=cfg.check_finite)
+
+    def insert(self, replay: ReplayBuffer, batch: dict, actor: int = 0) -> None:
+        """Insert an actor's batch; non-finite data stops the run with where it came from."""
+        try:
+            replay.insert(batch)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"{e} (from actor {actor}, env steps {self.c.env_steps:,} and on); the learner "
+                                 "never saw it: check the env, or --set check_finite=false") from None
 
     def attach(self, params: ParameterStore) -> None:
         """The schedule's parameter store; the current weights are published at once."""
@@ -157,6 +169,10 @@ class LearnerCore:
             self.learn_mark = (self.elapsed(), c.env_steps)
         t0 = time.perf_counter()
         td = self.algo.learn(stack, weights)
+        if self.cfg.check_finite and not bool(torch.isfinite(td).all()):
+            raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
+                                 f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
+                                 learner_ok=False)
         c.learner_s += time.perf_counter() - t0
         c.gradient_steps += weights.shape[0]
         c.phases += 1
@@ -202,7 +218,7 @@ class LearnerCore:
                "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
                "learner_wait_s": c.learner_wait_s,
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
-               "actor_restarts": c.restarts}
+               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes}
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
             out["env_steps_per_s_learning"] = (c.env_steps - self.learn_mark[1]) / (wall - self.learn_mark[0])

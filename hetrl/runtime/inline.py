@@ -46,7 +46,7 @@ class InlineSchedule(Schedule):
                                    limit=left)
         t1 = time.perf_counter()
         if batch is not None:
-            self.replay.insert(batch)
+            core.insert(self.replay, batch)
         steps = self.actor.env_steps - before
         core.inserted(steps, self.actor.params_version, busy_s=t1 - t0)
         c.replay_s += time.perf_counter() - t1

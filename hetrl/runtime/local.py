@@ -387,7 +387,7 @@ class LocalSchedule(Schedule):
         t0 = time.perf_counter()
         if rows:
             view = self._views[h.index][half]
-            self.replay.insert({k: v[:rows] for k, v in view.items()})
+            self.core.insert(self.replay, {k: v[:rows] for k, v in view.items()}, h.index)
         self._reserved -= h.outstanding.pop(half, 0)
         self.core.inserted(steps, version, busy)
         self.c.replay_s += time.perf_counter() - t0

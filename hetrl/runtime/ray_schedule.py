@@ -28,7 +28,7 @@ import torch
 
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, UsageError
+from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay.server import ReplayServer, ShardedReplay
 from hetrl.runtime.core import LearnerCore, Restarts, Schedule
 from hetrl.runtime.layout import layout
@@ -172,7 +172,8 @@ class RaySchedule(Schedule):
         self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
             per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
             seed=cfg.seed + 7 * i, samples_per_insert=lay.spi, min_size=min_size,
-            error_buffer=max(lay.error_buffer / S, 2 * max(1.0, lay.spi)), rate_limit=cfg.rate_limit)
+            error_buffer=max(lay.error_buffer / S, 2 * max(1.0, lay.spi)), rate_limit=cfg.rate_limit,
+            check_finite=cfg.check_finite)
             for i in range(S)]
         self.replay = ShardedReplay(self.servers)
 
@@ -340,9 +341,10 @@ class RaySchedule(Schedule):
         if isinstance(cause, UsageError):
             return UsageError(str(cause))
         # an actor that failed in its constructor (a bad setting) dies with the error as text only
-        said = re.search(r"hetrl\.errors\.UsageError: (.+)", str(e))
-        if said:
-            return UsageError(said.group(1).strip())
+        for kind in (UsageError, NonFiniteError):
+            said = re.search(rf"hetrl\.errors\.{kind.__name__}: (.+)", str(e))
+            if said:
+                return kind(said.group(1).strip())
         return HetrlError(f"a Ray actor failed {where}: {e}")
 
     def actor_handles(self) -> list:
