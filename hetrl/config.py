@@ -19,7 +19,7 @@ import yaml
 
 from hetrl.errors import UsageError
 
-ALGOS = ("dqn", "ddpg")
+ALGOS = ("dqn", "ddpg", "td3", "sac")
 
 
 @dataclass
@@ -77,9 +77,16 @@ class Config:
     exploration_final_eps: float = 0.05
     double: bool = False
     dueling: bool = False
-    # DDPG
+    # DDPG, TD3 (exploration noise on mu(s))
     noise_type: str = "normal"          # normal | ou
     noise_std: float = 0.1
+    # TD3
+    policy_delay: int = 2               # critic updates per actor (and target) update
+    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action
+    target_noise_clip: float = 0.5      # the smoothing noise is clipped to +-this
+    # SAC
+    ent_coef: str = "auto"              # entropy coefficient: auto (tuned toward target_entropy) or a number
+    target_entropy: str = "auto"        # auto = -dim(actions), or a number
     # evaluation and logging
     eval_episodes: int = 10             # episodes per evaluation (0: no evaluation)
     eval_interval: int = 0              # env steps between evaluations during training; 0 = a tenth of the run
@@ -107,6 +114,8 @@ SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "ins
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "dqn": {"tau": 1.0},
     "ddpg": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
+    "td3": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
+    "sac": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
 }
 _CHOICES = {
     "algo": ALGOS,
@@ -114,9 +123,10 @@ _CHOICES = {
     "noise_type": ("normal", "ou"),
     "env_backend": ("auto", "gymnasium", "envpool"),
 }
-_POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
+_POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step", "policy_delay",
              "target_update_interval", "publish_interval", "log_interval", "replay_shards")
 _NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval",
+                 "target_policy_noise", "target_noise_clip",
                  "actors", "envs_per_actor", "insert_chunk", "rate_tolerance")  # local schedule: last 4
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
@@ -159,6 +169,8 @@ def _coerce(key: str, value: Any) -> Any:
             return float(value)
         if hint is str and isinstance(value, str):
             return value
+        if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. ent_coef: 0.1 in a YAML file
         if hint == list[int]:
             if isinstance(value, int) and not isinstance(value, bool):
                 value = [value]
@@ -248,6 +260,14 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"lr must be positive, got {cfg.lr}")
     if not 0.0 <= cfg.exploration_fraction <= 1.0:
         raise UsageError(f"exploration_fraction must be in [0, 1], got {cfg.exploration_fraction}")
+    for key in ("ent_coef", "target_entropy"):
+        value = getattr(cfg, key)
+        try:
+            number = None if value == "auto" else float(value)
+        except ValueError:
+            raise UsageError(f"{key}={value!r} is not auto or a number; e.g. --set {key}=auto") from None
+        if key == "ent_coef" and number is not None and not number > 0:
+            raise UsageError(f"ent_coef must be auto or a positive number, got {value}")
     if cfg.n_step > 255:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):

@@ -18,6 +18,7 @@ import numpy as np
 from hetrl.errors import UsageError
 
 EnvSpec = Union[str, Callable[[], gym.Env]]
+_EXTRAS = {"mujoco": "mujoco", "box2d": "box2d"}   # gymnasium.envs.<family> -> hetrl's extra
 
 
 def env_name(env: EnvSpec) -> str:
@@ -49,14 +50,16 @@ def make_env(env: EnvSpec, render_mode: str | None = None) -> gym.Env:
     kwargs = {"render_mode": render_mode} if render_mode else {}
     try:
         return gym.make(env, **kwargs)
+    except (gym.error.DependencyNotInstalled, ImportError) as e:  # an extra is missing (mujoco, box2d)
+        extra = _EXTRAS.get(gym.spec(env.split(":")[-1]).entry_point.split(":")[0].split(".")[2], "")
+        fix = f"pip install 'hetrl[{extra}]'" if extra else "install it"
+        raise UsageError(f"env {env!r} needs a package that is not installed ({str(e).splitlines()[0]}); "
+                         f"{fix}") from None
     except gym.error.Error as e:
         ids = list(gym.registry.keys())
         close = difflib.get_close_matches(env.split(":")[-1], ids, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "check the id (gymnasium.pprint_registry() lists them)"
         raise UsageError(f"unknown env {env!r} ({str(e).splitlines()[0]}); {hint}") from None
-    except ImportError as e:  # e.g. mujoco/box2d extras missing
-        raise UsageError(f"env {env!r} needs a package that is not installed ({e}); "
-                         "install it, e.g. pip install 'gymnasium[mujoco]'") from None
 
 
 def probe_spaces(env: EnvSpec) -> tuple[gym.Space, gym.Space]:

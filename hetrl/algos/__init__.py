@@ -14,14 +14,18 @@ def check_spaces(algo: str, obs_space: gym.Space, act_space: gym.Space) -> None:
                          "observations: wrap the env with gymnasium.wrappers.FlattenObservation")
     if algo == "dqn" and not isinstance(act_space, gym.spaces.Discrete):
         raise UsageError(f"DQN needs a discrete action space, this env has {act_space}; "
-                         "use ddpg for continuous actions")
-    if algo == "ddpg":
+                         "use sac, td3 or ddpg for continuous actions")
+    if algo in CONTINUOUS:
+        name = algo.upper()
         if not isinstance(act_space, gym.spaces.Box):
-            raise UsageError(f"DDPG needs a continuous (Box) action space, this env has {act_space}; "
+            raise UsageError(f"{name} needs a continuous (Box) action space, this env has {act_space}; "
                              "use dqn for discrete actions")
         if not (act_space.is_bounded("both")):
-            raise UsageError(f"DDPG needs bounded actions, this env has {act_space}; "
+            raise UsageError(f"{name} needs bounded actions, this env has {act_space}; "
                              "wrap it with gymnasium.wrappers.ClipAction/RescaleAction")
+
+
+CONTINUOUS = ("ddpg", "td3", "sac")
 
 
 def make_algorithm(cfg: Config, obs_space: gym.Space, act_space: gym.Space, device="cpu"):
@@ -32,6 +36,14 @@ def make_algorithm(cfg: Config, obs_space: gym.Space, act_space: gym.Space, devi
         if isinstance(act_space, gym.spaces.Discrete) and act_space.start != 0:
             raise UsageError(f"action space {act_space} does not start at 0; wrap the env to shift actions")
         return DQN(cfg, obs_space.shape, int(act_space.n), device)
+    if cfg.algo == "td3":
+        from hetrl.algos.td3 import TD3
+
+        return TD3(cfg, obs_space.shape, act_space, device)
+    if cfg.algo == "sac":
+        from hetrl.algos.sac import SAC
+
+        return SAC(cfg, obs_space.shape, act_space, device)
     from hetrl.algos.ddpg import DDPG
 
     return DDPG(cfg, obs_space.shape, act_space, device)

@@ -45,7 +45,8 @@ from hetrl.runtime.shm import SharedArrays, SharedParameterStore
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
 # what every actor imports; actors get their policy pickled from the learner and build no
 # optimizer (torch.optim's first optimizer imports torch._dynamo: 1-3 s of CPU per process)
-PRELOAD = ["hetrl.runtime.local_actor", "hetrl.algos", "hetrl.actors", "gymnasium"]
+PRELOAD = ["hetrl.runtime.local_actor", "hetrl.algos.dqn", "hetrl.algos.ddpg", "hetrl.algos.sac", "hetrl.actors",
+           "gymnasium"]
 
 
 def _context(warm: bool = False):
