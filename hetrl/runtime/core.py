@@ -35,6 +35,7 @@ from hetrl.replay import ReplayBuffer
 from hetrl.replay.memory import check_replay_memory
 from hetrl.runtime.layout import grads_per_phase
 from hetrl.runtime.params import ParameterStore
+from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
 
@@ -85,6 +86,8 @@ class LearnerCore:
     def __init__(self, cfg: Config, env: EnvSpec, threads: int):
         self.cfg, self.env = cfg, env
         setup_process(cfg.seed, threads)
+        # a learner of several threads drops to the cores other work leaves it, during the run
+        self.governor = ThreadGovernor(max(1, threads))
         self.device = resolve_device(cfg.device)
         self.obs_space, self.act_space = probe_spaces(env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
@@ -167,6 +170,7 @@ class LearnerCore:
         c = self.c
         if self.learn_mark is None:
             self.learn_mark = (self.elapsed(), c.env_steps)
+        self.governor.tick()
         t0 = time.perf_counter()
         td = self.algo.learn(stack, weights)
         if self.cfg.check_finite and not bool(torch.isfinite(td).all()):
@@ -218,7 +222,7 @@ class LearnerCore:
                "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
                "learner_wait_s": c.learner_wait_s,
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
-               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes}
+               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures()}
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
             out["env_steps_per_s_learning"] = (c.env_steps - self.learn_mark[1]) / (wall - self.learn_mark[0])
