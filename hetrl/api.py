@@ -242,9 +242,15 @@ def stop_signals():
 
 
 def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughput",
-              quiet: bool = False) -> tuple[Config, dict[str, Any]]:
+              quiet: bool = False, allow_more_envs: bool = False) -> tuple[Config, dict[str, Any]]:
     """The planner's best plan around the settings the user gave by hand (they are pins):
-    (cfg with the plan applied, the plan and its predicted figures for result.json)."""
+    (cfg with the plan applied, the plan and its predicted figures for result.json).
+
+    The planner chooses only the system's settings (config.SYSTEM_KEYS); what changes learning is
+    the preset's, num_envs included, unless allow_more_envs lets it raise the env count."""
+    import dataclasses
+
+    from hetrl.config import SYSTEM_KEYS
     from hetrl.planner import plan
     from hetrl.planner.search import pins_from_settings
 
@@ -260,23 +266,29 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
 
         connect(cfg)
         pins["schedule"], cores = "local", cluster_cpus()
-    result = plan(cfg, objective=objective, pins=pins, progress=note, cores=cores)
+    result = plan(cfg, objective=objective, pins=pins, progress=note, cores=cores, allow_more_envs=allow_more_envs)
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
     sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
     note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
-         f"{result.predicted_env_steps_per_s:,.0f} env steps/s ({result.bottleneck}); `hetrl plan` explains it")
+         f"{result.predicted_env_steps_per_s:,.0f} env steps/s at the preset's settings ({result.bottleneck}); "
+         "`hetrl plan` explains it")
+    for line in result.notes:
+        if "learning dynamics" in line:
+            note(line)
     new = result.apply(cfg)
     if "fastpath" not in settings:  # the learner kernel the profile measured faster
-        import dataclasses
-
         new = dataclasses.replace(new, fastpath=bool(result.fastpath))
     if cfg.schedule == "ray":
-        import dataclasses
-
         new = dataclasses.replace(new, schedule="ray")
-    return new, {"plan": result.to_json(), "predicted_env_steps_per_s": result.predicted_env_steps_per_s,
-                               "predicted_train_samples_per_s": result.predicted_train_samples_per_s}
+    before, after = cfg.to_dict(), new.to_dict()
+    changed = sorted(k for k in after if after[k] != before[k] and k not in SYSTEM_KEYS)
+    owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}
+    info = {**result.to_json(), "objective_meaning": "env steps/s at the preset's learning settings",
+            "owned_by_preset": owned, "chosen": {k: after[k] for k in SYSTEM_KEYS if after[k] != before[k]},
+            "changed_learning_settings": {k: [before[k], after[k]] for k in changed}}
+    return new, {"plan": info, "predicted_env_steps_per_s": result.predicted_env_steps_per_s,
+                 "predicted_train_samples_per_s": result.predicted_train_samples_per_s}
 
 
 def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +299,7 @@ def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> di
 def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int = 0,
           out: str | Path | None = None, force: bool = False, config: str | Path | dict | None = None,
           save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
-          plan: str = "none", objective: str = "throughput", **settings: Any) -> Run:
+          plan: str = "none", objective: str = "throughput", allow_more_envs: bool = False, **settings: Any) -> Run:
     """Train `algo` on `env` (an id, 'module:EnvId', or a zero-argument env factory).
 
     Settings not given come from the env's preset (hetrl/presets.yaml); any Config field can be
@@ -305,7 +317,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
         check_out_dir(out_path, force)
     planned: dict[str, Any] = {}
     if plan == "auto":
-        cfg, planned = auto_plan(cfg, over, objective, quiet=not progress)
+        cfg, planned = auto_plan(cfg, over, objective, quiet=not progress, allow_more_envs=allow_more_envs)
     run = Run(cfg, env, out_path, save_replay)
     run.plan_info = planned
     run.learn(progress=progress)

@@ -22,7 +22,7 @@ from hetrl.errors import NonFiniteError, UsageError
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train an agent (profiles and plans first unless --plan none)",
                        description="Train ALGO on an env with its preset hyperparameters.")
-    p.add_argument("algo", nargs="?", help="dqn or ddpg")
+    p.add_argument("algo", nargs="?", help="dqn, ddpg, td3 or sac")
     p.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1 or module:EnvId")
     p.add_argument("--steps", type=int, help="total env steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="default 0")
@@ -39,7 +39,9 @@ def _add_train(sub) -> None:
                         "choose the actor count around what you set by hand; none (default with --resume): run "
                         "the settings as given")
     p.add_argument("--objective", choices=["throughput", "efficiency"], default="throughput",
-                   help="what --plan auto optimises: env steps/s, or env steps per joule")
+                   help="what --plan auto optimises: env steps/s, or env steps per joule, at the preset's settings")
+    p.add_argument("--allow-more-envs", action="store_true",
+                   help="let --plan auto change the preset's num_envs for throughput (the learning dynamics change)")
     # schedules (hetrl/runtime/): shorthands for --set schedule=/actors=/envs_per_actor=/ray_address=
     p.add_argument("--schedule", choices=["inline", "local", "ray"],
                    help="inline: one process; local: actor processes + learner (docs/local.md); "
@@ -66,7 +68,7 @@ def _add_eval(sub) -> None:
 
 def _add_settings(sub) -> None:
     p = sub.add_parser("settings", help="print the effective settings for ALGO on an env")
-    p.add_argument("algo", help="dqn or ddpg")
+    p.add_argument("algo", help="dqn, ddpg, td3 or sac")
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[])
     p.add_argument("--config")
@@ -149,7 +151,7 @@ def cmd_train(args) -> int:
     check_out_dir(out, args.force)
     planned = None
     if (args.plan or "auto") == "auto":
-        cfg, planned = api.auto_plan(cfg, over, args.objective)
+        cfg, planned = api.auto_plan(cfg, over, args.objective, allow_more_envs=args.allow_more_envs)
     print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps "
           f"(schedule {cfg.schedule}, device {cfg.device}, {cfg.num_envs} envs) -> {out}", file=sys.stderr)
     run = api.Run(cfg, cfg.env, out, save_replay=args.save_replay)

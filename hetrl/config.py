@@ -32,7 +32,7 @@ class Config:
     # system
     schedule: str = "inline"            # inline (one process), local (actor processes), ray (a Ray cluster)
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
-    num_envs: int = 8                   # envs stepped together by the actor (batched inference)
+    num_envs: int = 1                   # envs in all (rl-zoo's n_envs of the preset): the preset's, not the planner's
     env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
@@ -113,9 +113,9 @@ SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "ins
 
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "dqn": {"tau": 1.0},
-    "ddpg": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
-    "td3": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
-    "sac": {"tau": 0.005, "max_grad_norm": 0.0, "num_envs": 1},
+    "ddpg": {"tau": 0.005, "max_grad_norm": 0.0},
+    "td3": {"tau": 0.005, "max_grad_norm": 0.0},
+    "sac": {"tau": 0.005, "max_grad_norm": 0.0},
 }
 _CHOICES = {
     "algo": ALGOS,

@@ -23,7 +23,7 @@ from hetrl.planner.search import OBJECTIVES, PlanResult, parse_pins, pins_from_s
 def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None = None, profile=None, *,
          cores: float | str | None = None, schedules: Iterable[str] | None = None, placement: str = "runnable",
          refresh: bool = False, quick: bool = False, progress: Callable[[str], None] | None = None,
-         top: int = 5) -> PlanResult:
+         top: int = 5, allow_more_envs: bool = False) -> PlanResult:
     """The best plan for ``cfg`` (a hetrl Config) on this machine.
 
     ``profile``: a ProfileTable (default: the cached one for cfg, measured first if missing);
@@ -32,7 +32,8 @@ def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None =
     a fraction where other programs take part of the machine);
     ``schedules``: restrict the schedules; ``placement``: "runnable" (what this build can run)
     or "all" (every placement the model can price); ``quick``: profile a tiny grid if nothing
-    is cached (smoke tests). ``cores="auto"`` plans for the cores this machine gives us now
+    is cached (smoke tests); ``allow_more_envs``: let the planner change the preset's num_envs for
+    throughput (it changes what the agent learns; off by default). ``cores="auto"`` plans for the cores this machine gives us now
     (a probe, see load.py), useful where other programs share it."""
     pins = parse_pins(pins)  # bad pins fail before any measuring
     if objective not in OBJECTIVES:
@@ -47,7 +48,8 @@ def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None =
         from hetrl.planner.load import available_cores
 
         cores = round(available_cores(), 2)
-    return search(profile, Workload.from_config(cfg), objective, pins, cores, schedules, placement, top)
+    return search(profile, Workload.from_config(cfg, allow_more_envs), objective, pins, cores, schedules, placement,
+                  top, preset_envs=cfg.num_envs)
 
 
 __all__ = ["plan", "Plan", "PlanResult", "Prediction", "Workload", "predict", "parse_pins", "pins_from_settings",

@@ -64,7 +64,7 @@ def cmd_plan(args) -> int:
     cfg = _config(args)
     result = plan(cfg, objective=args.objective, pins=args.pins, cores=cores,
                   placement="all" if args.all_placements else "runnable", refresh=args.refresh,
-                  quick=args.quick, progress=_progress(), top=args.top)
+                  quick=args.quick, progress=_progress(), top=args.top, allow_more_envs=args.allow_more_envs)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -78,7 +78,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure this machine's primitives for an algo/env, cache the table",
                               description="Time env steps, inference, learner updates, replay insert/sample/update "
                                           "and transfers on every device present; cache the table per machine.")
-    p.add_argument("algo", nargs="?", default="dqn", help="dqn or ddpg (default dqn)")
+    p.add_argument("algo", nargs="?", default="dqn", help="dqn, ddpg, td3 or sac (default dqn)")
     p.add_argument("--env", default="CartPole-v1", help="Gymnasium id (default CartPole-v1)")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting (net_arch, batch_size, ...) as for train")
@@ -90,10 +90,11 @@ def register(subparsers) -> None:
     q = subparsers.add_parser("plan", help="show the best placement for ALGO on an env, with predicted figures",
                               description="Pick the plan (schedule, actors, envs per actor, devices, threads) "
                                           "with the best predicted throughput or efficiency; see docs/planner.md.")
-    q.add_argument("algo", nargs="?", help="dqn or ddpg")
+    q.add_argument("algo", nargs="?", help="dqn, ddpg, td3 or sac")
     q.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1")
     q.add_argument("--objective", choices=OBJECTIVES, default="throughput",
-                   help="throughput: env steps/s at the preset replay ratio; efficiency: env steps per joule")
+                   help="throughput: env steps/s at the preset's settings (replay ratio, envs); efficiency: env "
+                        "steps per joule")
     q.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting as for train (e.g. --set prioritized=true)")
     q.add_argument("--pin", dest="pins", action="append", metavar="KEY=VALUE", default=[],
@@ -103,6 +104,8 @@ def register(subparsers) -> None:
                         "this machine gives us now (a 0.4 s probe; for machines shared with other programs)")
     q.add_argument("--all-placements", action="store_true",
                    help="also price placements this build cannot run yet (local schedule, DS apart from learner)")
+    q.add_argument("--allow-more-envs", action="store_true",
+                   help="let the planner change the preset's num_envs for throughput (the learning dynamics change)")
     q.add_argument("--top", type=int, default=5, help="runners-up to show (default 5)")
     q.add_argument("--refresh", action="store_true", help="re-profile first")
     q.add_argument("--quick", action="store_true", help="if no profile is cached, measure a tiny grid (smoke tests)")

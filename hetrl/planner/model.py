@@ -120,13 +120,14 @@ class Workload:
     prefetch: bool = True            # local: a thread samples the next group during the update
     insert_chunk: int = 0            # local: env steps per insert message (0 = auto)
     batched_insert: bool = True
+    num_envs: int = 0                # envs in all, owned by the preset (0: the planner may choose them)
 
     @classmethod
-    def from_config(cls, cfg) -> "Workload":
+    def from_config(cls, cfg, allow_more_envs: bool = False) -> "Workload":
         return cls(float(cfg.replay_ratio), int(cfg.batch_size), bool(cfg.prioritized), int(cfg.train_freq),
                    grads_per_phase(cfg), int(cfg.publish_interval), bool(getattr(cfg, "overlap", True)),
                    bool(getattr(cfg, "prefetch", True)), int(getattr(cfg, "insert_chunk", 0)),
-                   bool(getattr(cfg, "batched_insert", True)))
+                   bool(getattr(cfg, "batched_insert", True)), 0 if allow_more_envs else int(cfg.num_envs))
 
 
 @dataclass

@@ -193,8 +193,17 @@ def candidates(table: ProfileTable, work: Workload, cores: int, pins: dict | Non
             else:
                 thread_counts = [1]
             for N, w, t in itertools.product(actor_counts, widths, thread_counts):
+                if work.num_envs:  # the preset's env count is kept: the planner only splits it over actors
+                    if work.num_envs % N or ("envs_per_actor" in pins and pins["envs_per_actor"] * N != work.num_envs):
+                        continue
+                    w = work.num_envs // N
                 out.append(Plan(sched, N, w, L, DS, RM, INF, batch, t))
+    out = list(dict.fromkeys(out))
     if not out:
+        if work.num_envs:
+            raise UsageError(f"no plan satisfies the pins with the preset's num_envs={work.num_envs} (actors x "
+                             "envs_per_actor must equal it); drop a pin, or let the planner change the env count "
+                             "with --allow-more-envs")
         raise UsageError("no plan satisfies the pins; drop a pin")
     return out
 
@@ -304,7 +313,11 @@ class PlanResult:
 
 def search(table: ProfileTable, work: Workload, objective: str = "throughput", pins: dict | None = None,
            cores: float | None = None, schedules: Iterable[str] | None = None, placement: str = "runnable",
-           top: int = 5) -> PlanResult:
+           top: int = 5, preset_envs: int | None = None) -> PlanResult:
+    """The best plan. work.num_envs > 0 keeps the preset's env count (the default); 0 lets the
+    planner choose it (opt-in), and then a note says the learning dynamics change (preset_envs:
+    the count the preset had)."""
+    preset_envs = preset_envs or work.num_envs
     if objective not in OBJECTIVES:
         raise UsageError(f"objective {objective!r} is unknown; choose one of: {', '.join(OBJECTIVES)}")
     if placement not in ("runnable", "all"):
@@ -323,6 +336,10 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                      "were searched (see all placements with --all-placements)")
     if best.plan.schedule not in runtime_schedules():
         notes.append(f"schedule {best.plan.schedule} is not accepted by this build's Config yet: predicted only")
+    total = best.plan.envs_per_actor * (best.plan.actors if best.plan.schedule != "inline" else 1)
+    if not work.num_envs and total != preset_envs:
+        notes.append(f"the planner changed num_envs from the preset's {preset_envs} to {total} (--allow-more-envs): "
+                     "the learning dynamics change (exploration, data correlation, episodes per env)")
     if cores != table.cores:
         notes.append(f"planned for {cores:g} cores (the profiled machine has {table.cores})")
     if best.power_source != "measured":
