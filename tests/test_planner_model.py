@@ -209,11 +209,11 @@ def test_pins_from_hand_set_settings_and_apply():
         {"learner_device": "cpu", "storage_device": "cpu"}
     assert pins_from_settings({"schedule": "inline", "num_envs": 4}) == {"schedule": "inline", "envs_per_actor": 4}
     assert pins_from_settings({"schedule": "local", "actors": "3"}) == {"schedule": "local", "actors": 3}
-    cfg = make_config("dqn", "CartPole-v1", {"lr": 1e-3})
+    cfg = make_config("dqn", "CartPole-v1", {"lr": 1e-3, "num_envs": 4})
     r = plan(cfg, profile=synthetic_table(env="CartPole-v1", env_step_s=2e-3), schedules=BOTH, cores=4,
              pins=pins_from_settings({"actors": 2}))
     new = r.apply(cfg)
-    assert (new.schedule, new.actors, new.lr) == ("local", 2, 1e-3)
+    assert (new.schedule, new.actors, new.envs_per_actor, new.num_envs, new.lr) == ("local", 2, 2, 4, 1e-3)
 
 
 def test_fewer_cores_on_a_shared_machine():
