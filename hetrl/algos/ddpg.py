@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hetrl.algos import fastpath
-from hetrl.algos.nets import FlatAdam, flatten, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -88,7 +88,8 @@ class DDPGPolicy:
             self.ou_state[done] = 0.0
 
 
-class DDPG:
+class DDPG(Checkpointed):
+    nets, optims = ("actor", "actor_target", "critic", "critic_target"), ("actor_opt", "critic_opt")
     name = "ddpg"
 
     def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
@@ -151,16 +152,3 @@ class DDPG:
         self.updates += weights.shape[0]
         return td_all
 
-    # ---- checkpoints -------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "actor_target": self.actor_target.state_dict(),
-                "critic": self.critic.state_dict(), "critic_target": self.critic_target.state_dict(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
-                "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("actor", "actor_target", "critic", "critic_target"):
-            getattr(self, key).load_state_dict(state[key])
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
-        self.updates = int(state["updates"])

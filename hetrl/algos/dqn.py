@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algos import fastpath
-from hetrl.algos.nets import FlatAdam, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -74,7 +74,8 @@ class DQNPolicy:
         pass
 
 
-class DQN:
+class DQN(Checkpointed):
+    nets, optims = ("q", "q_target"), ("opt",)          # what a checkpoint holds
     name = "dqn"
 
     def __init__(self, cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: str | torch.device = "cpu"):
@@ -151,13 +152,3 @@ class DQN:
         self.updates += K
         return td_all
 
-    # ---- checkpoints -------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"q": self.q.state_dict(), "q_target": self.q_target.state_dict(),
-                "opt": self.opt.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.q.load_state_dict(state["q"])
-        self.q_target.load_state_dict(state["q_target"])
-        self.opt.load_state_dict(state["opt"])
-        self.updates = int(state["updates"])

@@ -84,3 +84,20 @@ def soft_update(target: nn.Module | torch.Tensor, source: nn.Module | torch.Tens
             t.copy_(s)
         else:
             t.lerp_(s, tau)
+
+
+class Checkpointed:
+    """An algorithm's state_dict / load_state_dict from the names of its networks and optimizers
+    (plain tensors and numbers only, so checkpoints load with torch.load(weights_only=True))."""
+
+    nets: tuple[str, ...] = ()
+    optims: tuple[str, ...] = ()
+    updates: int = 0
+
+    def state_dict(self) -> dict:
+        return {**{k: getattr(self, k).state_dict() for k in self.nets + self.optims}, "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self.nets + self.optims:
+            getattr(self, k).load_state_dict(state[k])
+        self.updates = int(state["updates"])

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algos.ddpg import Critic
-from hetrl.algos.nets import FlatAdam, flatten, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, mlp, soft_update
 from hetrl.config import Config
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -97,7 +97,8 @@ def parse_coef(value: str) -> float | None:
     return None if value == "auto" else float(value)
 
 
-class SAC:
+class SAC(Checkpointed):
+    nets, optims = ("actor", "critics", "critics_target"), ("actor_opt", "critic_opt")
     name = "sac"
 
     def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
@@ -172,19 +173,12 @@ class SAC:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),
-                "critics_target": self.critics_target.state_dict(), "actor_opt": self.actor_opt.state_dict(),
-                "critic_opt": self.critic_opt.state_dict(), "log_alpha": self.log_alpha.detach().clone(),
-                "alpha_opt": self.alpha_opt.state_dict() if self.alpha_opt is not None else {},
-                "updates": self.updates}
+        return {**super().state_dict(), "log_alpha": self.log_alpha.detach().clone(),
+                "alpha_opt": self.alpha_opt.state_dict() if self.alpha_opt is not None else {}}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("actor", "critics", "critics_target"):
-            getattr(self, key).load_state_dict(state[key])
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
+        super().load_state_dict(state)
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         if self.alpha_opt is not None and state["alpha_opt"]:
             self.alpha_opt.load_state_dict(state["alpha_opt"])
-        self.updates = int(state["updates"])

@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 from hetrl.algos.ddpg import Actor, Critic, DDPGPolicy
-from hetrl.algos.nets import FlatAdam, flatten, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, soft_update
 from hetrl.config import Config
 
 
-class TD3:
+class TD3(Checkpointed):
+    nets, optims = ("actor", "actor_target", "critics", "critics_target"), ("actor_opt", "critic_opt")
     name = "td3"
 
     def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
@@ -87,16 +88,3 @@ class TD3:
             td_all[k] = (td1.detach().abs() + td2.detach().abs()) / 2
         return td_all
 
-    # ---- checkpoints -------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "actor_target": self.actor_target.state_dict(),
-                "critics": self.critics.state_dict(), "critics_target": self.critics_target.state_dict(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
-                "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("actor", "actor_target", "critics", "critics_target"):
-            getattr(self, key).load_state_dict(state[key])
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
-        self.updates = int(state["updates"])
