@@ -88,7 +88,28 @@ class DDPGPolicy:
             self.ou_state[done] = 0.0
 
 
-class DDPG(Checkpointed):
+class NoisyActing:
+    """The acting side of DDPG and TD3: mu(s) plus exploration noise, on a snapshot of the actor."""
+
+    def _actor(self) -> Actor:
+        return Actor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+
+    def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DDPGPolicy:
+        net = self._actor()
+        net.load_state_dict(self.policy_state())
+        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device)
+
+    def policy_state(self) -> dict:
+        return self.actor.state_dict()
+
+    def exploration(self, env_steps: int) -> float | None:
+        return None if env_steps < self.cfg.learning_starts else self.cfg.noise_std
+
+    def on_env_steps(self, before: int, after: int) -> None:
+        pass  # targets move with the gradient steps
+
+
+class DDPG(NoisyActing, Checkpointed):
     nets, optims = ("actor", "actor_target", "critic", "critic_target"), ("actor_opt", "critic_opt")
     name = "ddpg"
 
@@ -108,26 +129,8 @@ class DDPG(Checkpointed):
         self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
         self.updates = 0
 
-    def _actor(self) -> Actor:
-        return Actor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
-
     def _critic(self) -> Critic:
         return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
-
-    # ---- acting side -------------------------------------------------------------------
-    def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DDPGPolicy:
-        net = self._actor()
-        net.load_state_dict(self.policy_state())
-        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device)
-
-    def policy_state(self) -> dict:
-        return self.actor.state_dict()
-
-    def exploration(self, env_steps: int) -> float | None:
-        return None if env_steps < self.cfg.learning_starts else self.cfg.noise_std
-
-    def on_env_steps(self, before: int, after: int) -> None:
-        pass  # targets move after every gradient step
 
     # ---- learning side -----------------------------------------------------------------
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.algos.ddpg import Actor, Critic, DDPGPolicy
+from hetrl.algos.ddpg import Actor, Critic, NoisyActing
 from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, soft_update
 from hetrl.config import Config
 
 
-class TD3(Checkpointed):
+class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noise
     nets, optims = ("actor", "actor_target", "critics", "critics_target"), ("actor_opt", "critic_opt")
     name = "td3"
 
@@ -30,9 +30,9 @@ class TD3(Checkpointed):
         self.low, self.high = np.asarray(action_space.low), np.asarray(action_space.high)
         self.act_dim = int(np.prod(action_space.shape))
         obs_dim, ndim = int(np.prod(obs_shape)), len(obs_shape)
-        self.actor = Actor(obs_dim, self.act_dim, cfg.net_arch, ndim).to(self.device)
+        self.actor = self._actor().to(self.device)
         self.critics = nn.ModuleList([Critic(obs_dim, self.act_dim, cfg.net_arch, ndim) for _ in range(2)]).to(self.device)
-        self.actor_target = Actor(obs_dim, self.act_dim, cfg.net_arch, ndim).to(self.device)
+        self.actor_target = self._actor().to(self.device)
         self.critics_target = nn.ModuleList([Critic(obs_dim, self.act_dim, cfg.net_arch, ndim)
                                              for _ in range(2)]).to(self.device)
         self.actor_target.load_state_dict(self.actor.state_dict())
@@ -43,21 +43,6 @@ class TD3(Checkpointed):
         self.critic_opt = FlatAdam(self.critics, cfg.lr, cfg.max_grad_norm)
         self.actor_target_flat, self.critics_target_flat = flatten(self.actor_target), flatten(self.critics_target)
         self.updates = 0          # critic updates; the actor and targets move every policy_delay of them
-
-    # ---- acting side: DDPG's (mu(s) plus Gaussian noise) ----------------------------------------
-    def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DDPGPolicy:
-        net = Actor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
-        net.load_state_dict(self.policy_state())
-        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device)
-
-    def policy_state(self) -> dict:
-        return self.actor.state_dict()
-
-    def exploration(self, env_steps: int) -> float | None:
-        return None if env_steps < self.cfg.learning_starts else self.cfg.noise_std
-
-    def on_env_steps(self, before: int, after: int) -> None:
-        pass  # targets move with the delayed actor update
 
     # ---- learning side -----------------------------------------------------------------------
     @torch.no_grad()
