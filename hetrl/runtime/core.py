@@ -292,12 +292,12 @@ class Schedule(abc.ABC):
     def device(self) -> torch.device:
         return self.core.device
 
-    PHASE_S = 0.1                  # an asynchronous phase() returns after about this long (Ctrl-C is seen quickly)
+    PHASE_S = 0.1                  # a phase() returns after about this long (Ctrl-C is seen quickly); 0: one _step
     _closed = False
     _episodes: list
 
     def phase(self) -> list[tuple[float, int]]:
-        """Advance the protocol a little (about PHASE_S; inline: one phase); returns the episodes
+        """Advance the protocol a little (about PHASE_S, at least one _step); returns the episodes
         (return, length) finished meanwhile."""
         if self._closed:
             raise HetrlError(f"this {self.name} schedule was closed; make a new Run")
@@ -309,9 +309,9 @@ class Schedule(abc.ABC):
         eps, self._episodes = self._episodes, []
         return eps
 
+    @abc.abstractmethod
     def _step(self) -> None:
-        """One round of an asynchronous transport: move data, learn what the rate limiter allows."""
-        raise NotImplementedError
+        """One round of the transport: move data, learn what the replay ratio allows."""
 
     @abc.abstractmethod
     def done(self) -> bool:

@@ -20,6 +20,7 @@ from hetrl.runtime.params import InProcessParameterStore
 
 class InlineSchedule(Schedule):
     name = "inline"
+    PHASE_S = 0.0                  # one phase() = one _step: collect train_freq env steps, then learn
 
     def __init__(self, cfg: Config, env: EnvSpec):
         self.cfg, self.env = cfg, env
@@ -28,6 +29,7 @@ class InlineSchedule(Schedule):
         self.params = InProcessParameterStore()
         self.core.attach(self.params)
         self.actor = None
+        self._episodes: list[tuple[float, int]] = []
         self._restart_actors()
 
     def _restart_actors(self) -> None:
@@ -37,7 +39,7 @@ class InlineSchedule(Schedule):
         self.actor.load(*self.params.latest(-1))
 
     # ---- the protocol, one phase ---------------------------------------------------------
-    def phase(self) -> list[tuple[float, int]]:
+    def _step(self) -> None:
         cfg, core, c = self.cfg, self.core, self.c
         t0 = time.perf_counter()
         before = self.actor.env_steps
@@ -59,7 +61,7 @@ class InlineSchedule(Schedule):
         new = self.params.latest(self.actor.params_version)
         if new is not None:
             self.actor.load(*new)
-        return self.actor.drain_episodes()
+        self._episodes.extend(self.actor.drain_episodes())
 
     def learn(self, n: int) -> None:
         """n gradient steps. Uniform replay: all n batches in one gather (the buffer does not change
@@ -81,5 +83,6 @@ class InlineSchedule(Schedule):
         return self.c.env_steps >= self.cfg.steps
 
     def close(self) -> None:
+        self._closed = True
         if self.actor is not None:
             self.actor.close()
