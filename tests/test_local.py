@@ -14,8 +14,6 @@ import pytest
 import torch
 
 import hetrl
-from hetrl.actors import Actor
-from hetrl.algos import make_algorithm, replay_spec
 from hetrl.api import Run
 from hetrl.config import make_config
 from hetrl.errors import HetrlError, UsageError

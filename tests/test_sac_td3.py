@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 
 import gymnasium as gym
 import numpy as np

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.algos.ddpg import Actor, Critic, NoisyActing
+from hetrl.algos.ddpg import Critic, NoisyActing
 from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, soft_update
 from hetrl.config import Config
 

@@ -31,7 +31,6 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
