@@ -70,7 +70,7 @@ class ReplayBuffer:
         fanout: int | None = None,
         seed: int | None = None,
         buffers: dict[str, np.ndarray] | None = None,
-        check_finite: bool = False,
+        check_finite: bool = True,
     ) -> None:
         if int(capacity) <= 0:
             raise ValueError(f"ReplayBuffer capacity must be > 0, got {capacity}; set replay.capacity to a positive size.")

@@ -1,27 +1,49 @@
 """The non-finite guard: NaN or inf in a batch of transitions, found with one vectorised pass per field.
 
-Measured on this CPU (`python -m timeit`): a 256-row CartPole batch takes ~15 us to check, against
-~150-200 ms for the learner phase it feeds (128 updates), far under 1% of the hot path.
+`ReplayBuffer.insert` calls it on every batch (every schedule inserts through it), unless
+``check_finite=False``. Only float fields are looked at (integer actions and bool flags cannot
+hold NaN). The common case (all finite) costs one ``np.isfinite(a).all()`` per field; the row and
+kind are only worked out once something is wrong.
+
+Cost, measured with ``python -m hetrl.replay._bench_finite`` (2-core shared VM, 1 thread): inserting a
+256-row CartPole batch takes ~17 us with the check and ~10 us without (+~7 us), against ~170 ms
+for a DQN CartPole learner phase (128 updates of batch 64, 256x256 MLP): ~0.004% of the hot path.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 CHECKED = ("obs", "next_obs", "reward", "action")
 
 
-def first_non_finite(batch: dict) -> str | None:
-    """'<field> has NaN at row <i>' for the first non-finite value of a float field, else None."""
-    for name in CHECKED:
+def _first_bad_row(a) -> tuple[int, str]:
+    """(row, 'NaN' | 'inf') of the first non-finite value of a 1+-d array or tensor known to hold one."""
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    flat = a.reshape(len(a), -1)
+    row = int(np.flatnonzero(~np.isfinite(flat).all(axis=1))[0])
+    return row, "NaN" if np.isnan(flat[row]).any() else "inf"
+
+
+def first_non_finite(batch, fields=CHECKED) -> str | None:
+    """'<field> has NaN at row <i>' (or inf) for the first non-finite value of a float field, else None.
+
+    ``batch`` maps field names to arrays or tensors (CPU or a device) with a leading batch dimension."""
+    for name in fields:
         a = batch.get(name)
         if a is None:
             continue
-        a = np.asarray(a)
-        if a.dtype.kind != "f" or np.isfinite(a).all():
-            continue
-        flat = a.reshape(len(a), -1)
-        row = int(np.flatnonzero(~np.isfinite(flat).all(axis=1))[0])
-        kind = "NaN" if np.isnan(flat[row]).any() else "inf"
+        if isinstance(a, torch.Tensor):
+            if not a.is_floating_point() or bool(torch.isfinite(a).all()):
+                continue
+        else:
+            a = np.asarray(a)
+            if a.dtype.kind not in "fc" or np.isfinite(a).all():
+                continue
+        if a.ndim == 0:
+            return f"{name} has {'NaN' if bool(np.isnan(np.asarray(a))) else 'inf'}"
+        row, kind = _first_bad_row(a)
         return f"{name} has {kind} at row {row}"
     return None

@@ -41,7 +41,7 @@ class ReplayServer:
     def __init__(self, capacity: int, spec: Spec, *, prioritized: bool = False, alpha: float = 0.6,
                  beta: float = 0.4, seed: int | None = None, samples_per_insert: float = 1.0,
                  min_size: int = 1, error_buffer: float | tuple[float, float] = 1.0, rate_limit: bool = True,
-                 check_finite: bool = False):
+                 check_finite: bool = True):
         self.replay = ReplayBuffer(capacity, spec, "cpu", prioritized=prioritized, alpha=alpha, beta=beta, seed=seed,
                                    check_finite=check_finite)
         self.rule = RatioRule.from_error_buffer(samples_per_insert, min_size, error_buffer)
