@@ -92,20 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _overrides(args) -> dict:
-    """--config < --set, every value checked (also where a dedicated flag overrides the same key);
-    a dedicated flag that contradicts a --set of the same key is an error naming both."""
-    from hetrl.config import check_value, parse_sets, read_config_file
+def _checked_sets(args) -> dict:
+    """The --set pairs, every value checked (also where a dedicated flag overrides the same key);
+    a dedicated flag (--steps, --seed) that contradicts a --set of the same key is an error naming both."""
+    from hetrl.config import check_value, parse_sets
 
-    over = read_config_file(args.config) if args.config else {}
     sets = parse_sets(args.sets)
     for key, value in sets.items():
         check_value(key, value)
-    over.update(sets)
     flags = {"steps": getattr(args, "steps", None), "seed": getattr(args, "seed", None)}
     for key, flag in flags.items():
         if flag is not None and key in sets and check_value(key, sets[key]) != flag:
             raise UsageError(f"--{key} {flag} and --set {key}={sets[key]} disagree; give one of them")
+    return sets
+
+
+def _overrides(args) -> dict:
+    """--config < --set (see _checked_sets)."""
+    from hetrl.config import read_config_file
+
+    over = read_config_file(args.config) if args.config else {}
+    over.update(_checked_sets(args))
     return over
 
 
@@ -131,10 +138,12 @@ def cmd_train(args) -> int:
             raise UsageError("--resume takes the algorithm's settings saved in the run; drop ALGO/--env/--config "
                              "(--steps, --schedule, --actors, --envs-per-actor, --address, --plan and system "
                              "settings such as --set device=cuda may change)")
-        from hetrl.config import parse_sets
+        from hetrl.config import check_value
 
-        run = api.resume(args.resume, steps=args.steps, progress=progress, plan=args.plan or "none",
-                         objective=args.objective, **{**parse_sets(args.sets), **_schedule_flags(args)})
+        sets = _checked_sets(args)
+        steps = check_value("steps", sets.pop("steps")) if "steps" in sets else args.steps  # may change on resume
+        run = api.resume(args.resume, steps=steps, progress=progress, plan=args.plan or "none",
+                         objective=args.objective, **{**sets, **_schedule_flags(args)})
         _summary(run.result, Path(args.resume))
         return _exit_code(run)
     if not args.algo or not args.env:

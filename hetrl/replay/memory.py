@@ -1,8 +1,13 @@
 """How much memory the data storage takes, and whether the device it goes to has it.
 
-Checked before anything is allocated (hetrl/runtime/core.py), so a replay that cannot fit is
-refused at once with one line, instead of a run that dies of memory hours later (a buffer of
-500M CartPole transitions needs ~19 GB; SB3 users meet this as DLR-RM/stable-baselines3#1936).
+Checked before anything is allocated, so a replay that cannot fit is refused at once with one line,
+instead of a run that dies of memory hours later (a buffer of 500M CartPole transitions needs
+~24 GB; SB3 users meet this as DLR-RM/stable-baselines3#1936). Two callers: the learner core, for
+the whole replay before any storage, staging or shared ring exists (hetrl/runtime/core.py), and
+`Storage.__init__` for the arrays it allocates itself (every replay buffer, the replay server on
+its own node, a library user's `ReplayBuffer`). NumPy's zeroed arrays are committed lazily, so
+without this check a too-large replay is often accepted and the process is killed when it fills.
+The same warning is printed once per process (both callers check the same replay).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from hetrl.errors import UsageError
 
 WARN_FRACTION = 0.8      # warn above this share of the available memory; the largest size offered keeps it
+_warned: set = set()     # (bytes, device) already warned about in this process
 
 
 def storage_bytes(spec: dict, capacity: int) -> int:
@@ -43,7 +49,7 @@ def available_bytes(device: str | torch.device) -> int | None:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
 
 
 def check_replay_memory(spec: dict, capacity: int, device: str | torch.device) -> int:
@@ -59,7 +65,8 @@ def check_replay_memory(spec: dict, capacity: int, device: str | torch.device) -
     if need > have:
         raise UsageError(f"the replay would need {_gb(need)} (buffer_size={capacity:,} x {per_item} bytes) but "
                          f"{where} has {_gb(have)} available; lower buffer_size (at most ~{fits:,} fits)")
-    if need > WARN_FRACTION * have:
+    if need > WARN_FRACTION * have and (need, where) not in _warned:
+        _warned.add((need, where))
         print(f"hetrl: warning: the replay will take {_gb(need)} of the {_gb(have)} available on {where} when "
               f"full; buffer_size={fits:,} would leave room for the rest", file=sys.stderr, flush=True)
     return need

@@ -45,6 +45,8 @@ from typing import Mapping, Union
 import numpy as np
 import torch
 
+from hetrl.replay.memory import check_replay_memory
+
 Spec = dict[str, tuple[tuple[int, ...], Union[np.dtype, str]]]
 """field -> (per-item shape, numpy dtype)."""
 
@@ -87,7 +89,8 @@ class Storage:
         device: where the arrays live; ``"cpu"`` -> NumPy arrays, else torch tensors.
         buffers: CPU only, optional preallocated arrays ``{field: array}`` of shape
             ``(capacity, *item_shape)`` and the spec's dtype (e.g. shared memory).
-            Fields not given are allocated here.
+            Fields not given are allocated here, after :func:`check_replay_memory` made sure the
+            device has the memory (``UsageError`` naming the largest capacity that fits otherwise).
     """
 
     def __init__(
@@ -111,6 +114,9 @@ class Storage:
             raise ValueError(f"Storage buffers has fields {sorted(unknown)} not in the spec; remove them or add them to the spec.")
         if buffers and not self.on_cpu:
             raise ValueError(f"Storage buffers are only supported on CPU, not on {self.device}; drop buffers or use device='cpu'.")
+        # before any allocation: refuse (UsageError, one line) what the device cannot hold, warn above 80%
+        own = {k: v for k, v in self.spec.items() if k not in buffers}
+        check_replay_memory(own, self.capacity, self.device)
         self._np: dict[str, np.ndarray] = {}
         self._t: dict[str, torch.Tensor] = {}
         for name, (shape, dtype) in self.spec.items():
