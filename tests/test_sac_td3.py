@@ -211,3 +211,23 @@ def test_learns_pendulum_on_a_small_budget(algo, steps):
     run = hetrl.train(algo, "Pendulum-v1", steps=steps, learning_starts=500, net_arch=[64, 64], lr=3e-3,
                       batch_size=64 if algo == "sac" else 128, eval_episodes=5, threads=1, seed=0, plan="none", progress=False)
     assert run.result["eval_return_mean"] > -600
+
+
+def test_sac_ent_coef_auto_from_a_given_value():
+    algo = make_algorithm(make_config("sac", "Pendulum-v1", {"net_arch": [16], "ent_coef": "auto_0.1"}), *SPACES)
+    assert algo.alpha == pytest.approx(0.1) and algo.alpha_opt is not None
+    with pytest.raises(UsageError, match="ent_coef"):
+        make_config("sac", "Pendulum-v1", {"ent_coef": "auto_x"})
+    with pytest.raises(UsageError, match="ent_coef"):
+        make_config("sac", "Pendulum-v1", {"ent_coef": "0"})
+
+
+def test_a_mujoco_id_without_mujoco_names_the_extra():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['mujoco'] = None\n"
+            "from hetrl.errors import UsageError\nfrom hetrl.actors.envs import make_env\n"
+            "try:\n    make_env('HalfCheetah-v5')\nexcept UsageError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    assert out.count("\n") == 0 and "pip install 'hetrl[mujoco]'" in out, out
