@@ -79,10 +79,10 @@ class Config:
     dueling: bool = False
     # DDPG, TD3 (exploration noise on mu(s))
     noise_type: str = "normal"          # normal | ou
-    noise_std: float = 0.1
-    # TD3
-    policy_delay: int = 2               # critic updates per actor (and target) update
-    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action
+    noise_std: float = 0.1              # std of the exploration noise, in actions scaled to [-1, 1]
+    # TD3 (SB3's defaults)
+    policy_delay: int = 2               # gradient (critic) steps per actor and target update, counted over the run
+    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action (actions in [-1, 1])
     target_noise_clip: float = 0.5      # the smoothing noise is clipped to +-this
     # SAC
     ent_coef: str = "auto"              # entropy coefficient alpha: auto (learned toward target_entropy, from 1.0),
