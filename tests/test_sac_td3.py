@@ -231,3 +231,10 @@ def test_a_mujoco_id_without_mujoco_names_the_extra():
             "try:\n    make_env('HalfCheetah-v5')\nexcept UsageError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     assert out.count("\n") == 0 and "pip install 'hetrl[mujoco]'" in out, out
+
+
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_prioritised_n_step_replay_runs(algo):
+    run = hetrl.train(algo, "Pendulum-v1", prioritized=True, n_step=3, **{**SMALL, "steps": 300})
+    assert run.result["env_steps"] == 300 and run.algo.updates == run.result["gradient_steps"] > 0
+    assert all(torch.isfinite(p).all() for p in run.algo.critics.parameters())
