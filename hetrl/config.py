@@ -79,14 +79,15 @@ class Config:
     dueling: bool = False
     # DDPG, TD3 (exploration noise on mu(s))
     noise_type: str = "normal"          # normal | ou
-    noise_std: float = 0.1
-    # TD3
-    policy_delay: int = 2               # critic updates per actor (and target) update
-    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action
+    noise_std: float = 0.1              # std of the exploration noise, in actions scaled to [-1, 1]
+    # TD3 (SB3's defaults)
+    policy_delay: int = 2               # gradient (critic) steps per actor and target update, counted over the run
+    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action (actions in [-1, 1])
     target_noise_clip: float = 0.5      # the smoothing noise is clipped to +-this
     # SAC
-    ent_coef: str = "auto"              # entropy coefficient: auto (tuned toward target_entropy) or a number
-    target_entropy: str = "auto"        # auto = -dim(actions), or a number
+    ent_coef: str = "auto"              # entropy coefficient alpha: auto (learned toward target_entropy, from 1.0),
+                                        # auto_X (learned, from X), or a number (fixed); SB3's convention
+    target_entropy: str = "auto"        # the entropy alpha is tuned toward: auto = -dim(actions), or a number
     # evaluation and logging
     eval_episodes: int = 10             # episodes per evaluation (0: no evaluation)
     eval_interval: int = 0              # env steps between evaluations during training; 0 = a tenth of the run
@@ -260,14 +261,16 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"lr must be positive, got {cfg.lr}")
     if not 0.0 <= cfg.exploration_fraction <= 1.0:
         raise UsageError(f"exploration_fraction must be in [0, 1], got {cfg.exploration_fraction}")
-    for key in ("ent_coef", "target_entropy"):
+    for key in ("ent_coef", "target_entropy"):  # SAC; SB3's conventions
         value = getattr(cfg, key)
+        auto_init = key == "ent_coef" and value.startswith("auto_")   # ent_coef=auto_0.1: learned, from 0.1
         try:
-            number = None if value == "auto" else float(value)
+            number = None if value == "auto" else float(value[5:] if auto_init else value)
         except ValueError:
-            raise UsageError(f"{key}={value!r} is not auto or a number; e.g. --set {key}=auto") from None
-        if key == "ent_coef" and number is not None and not number > 0:
-            raise UsageError(f"ent_coef must be auto or a positive number, got {value}")
+            forms = "auto, auto_X (learned from X) or a number" if key == "ent_coef" else "auto or a number"
+            raise UsageError(f"{key}={value!r} is not {forms}; e.g. --set {key}=auto") from None
+        if key == "ent_coef" and number is not None and not (number > 0 and number < float("inf")):
+            raise UsageError(f"ent_coef must be auto, auto_X or a number, with X and the number > 0, got {value}")
     if cfg.n_step > 255:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):

@@ -52,9 +52,11 @@ def make_env(env: EnvSpec, render_mode: str | None = None) -> gym.Env:
         return gym.make(env, **kwargs)
     except (gym.error.DependencyNotInstalled, ImportError) as e:  # an extra is missing (mujoco, box2d)
         extra = _EXTRAS.get(gym.spec(env.split(":")[-1]).entry_point.split(":")[0].split(".")[2], "")
-        fix = f"pip install 'hetrl[{extra}]'" if extra else "install it"
+        if extra:  # one install command: hetrl's extra (not gymnasium's own hint)
+            raise UsageError(f"env {env!r} needs {'MuJoCo' if extra == 'mujoco' else 'Box2D'}, which is not "
+                             f"installed; pip install 'hetrl[{extra}]'") from None
         raise UsageError(f"env {env!r} needs a package that is not installed ({str(e).splitlines()[0]}); "
-                         f"{fix}") from None
+                         "install it") from None
     except gym.error.Error as e:
         ids = list(gym.registry.keys())
         close = difflib.get_close_matches(env.split(":")[-1], ids, n=1)

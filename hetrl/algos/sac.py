@@ -1,18 +1,23 @@
 """SAC (Haarnoja et al. 2018): a squashed-Gaussian actor, twin soft Q critics, automatic entropy tuning.
 
 The learner's math, for a sampled batch of n-step transitions (actions scaled to [-1, 1]):
-    pi(.|s): u ~ N(mean(s), std(s)), a = tanh(u),
-             log pi(a|s) = sum_i [log N(u_i; mean_i, std_i) - log(1 - tanh(u_i)**2)]
-    alpha loss  = -mean(log_alpha * (log pi(a|s) + target_entropy))      (ent_coef=auto; target -|A|)
+    pi(.|s):  u ~ N(mean(s), std(s)**2),  a = tanh(u),  log_std clamped to [-20, 2] (as SB3)
+              log pi(a|s) = sum_i [log N(u_i; mean_i, std_i) - log(1 - tanh(u_i)**2)]
+    one gradient step (in Stable-Baselines3's order):
+    a ~ pi(.|s)                                      (one sample: the alpha loss and the actor loss)
+    alpha loss  = -mean(log_alpha * (log pi(a|s) + target_entropy))      (ent_coef auto; target -|A|)
     a' ~ pi(.|s'):
     target      = r + gamma**steps * (1 - terminated) * (min(Q1_t(s', a'), Q2_t(s', a')) - alpha log pi(a'|s'))
-    critic loss = 0.5 mean(w * (Q1(s, a) - target)**2) + 0.5 mean(w * (Q2(s, a) - target)**2)
-    a ~ pi(.|s):   actor loss = mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a)))
-    targets <- tau * online + (1 - tau) * targets          after every gradient step
-    new priorities = (|Q1(s, a) - target| + |Q2(s, a) - target|) / 2
-Acting samples from pi (uniform random before learning_starts); evaluation uses tanh(mean(s)).
-The log-probability is written with the numerically stable identity
-log(1 - tanh(u)**2) = 2 (log 2 - u - softplus(-2u)).
+    critic loss = 0.5 mean(w * (Q1(s, a_buf) - target)**2) + 0.5 mean(w * (Q2(s, a_buf) - target)**2)
+    actor loss  = mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a)))        (critics after their step)
+    targets    <- tau * online + (1 - tau) * targets                        (critics only; no actor target)
+    new priorities = (|Q1(s, a_buf) - target| + |Q2(s, a_buf) - target|) / 2   (the mean of both critics')
+alpha = exp(log_alpha) is the value before this step's alpha update (as SB3). w are the importance
+weights of prioritised replay (1 under uniform replay); steps is the n-step count.
+ent_coef: "auto" (log_alpha learned from alpha = 1, SB3's default), "auto_X" (learned from alpha = X),
+or a number (alpha fixed). target_entropy: "auto" (= -dim(actions)) or a number.
+Acting samples from pi (uniform random actions before learning_starts); evaluation uses tanh(mean(s)).
+log(1 - tanh(u)**2) is computed with the stable identity 2 (log 2 - u - softplus(-2u)) (no epsilon).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algos.ddpg import Critic
-from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, mlp, soft_update
+from hetrl.algos.td3 import adam, step
 from hetrl.config import Config
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -41,11 +47,12 @@ class GaussianActor(nn.Module):
         self.log_std = nn.Linear(net_arch[-1], act_dim)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean(s), log_std(s)) of the Gaussian before the tanh."""
         h = self.body(obs.flatten(start_dim=-self.obs_ndim) if self.obs_ndim > 1 else obs)
         return self.mean(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a = tanh(u), log pi(a|s)) for u = mean + std * eps (eps ~ N(0, 1) if not given)."""
+        """(a = tanh(u), log pi(a|s)) for u = mean + std * eps, eps ~ N(0, 1) (torch's RNG) unless given."""
         mean, log_std = self(obs)
         eps = torch.randn_like(mean) if eps is None else eps
         u = mean + log_std.exp() * eps
@@ -55,8 +62,8 @@ class GaussianActor(nn.Module):
 
 
 class SACPolicy:
-    """Samples from the squashed Gaussian on a snapshot of the actor (runs in actors); stores actions
-    in [-1, 1], gives the env actions rescaled to its Box bounds."""
+    """Samples from the squashed Gaussian on a snapshot of the actor (runs in actors; noise from its own
+    numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds."""
 
     def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu"):
         self.net, self.device = net.to(device).eval(), device
@@ -68,10 +75,12 @@ class SACPolicy:
 
     @torch.no_grad()
     def deterministic(self, obs: np.ndarray) -> np.ndarray:
+        """tanh(mean(s)), in [-1, 1]."""
         mean, _ = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
         return torch.tanh(mean).cpu().numpy()
 
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
+        """tanh(mean(s)), rescaled to the env's action bounds."""
         return self.scale(self.deterministic(obs))
 
     @torch.no_grad()
@@ -80,7 +89,7 @@ class SACPolicy:
         if explore is None:  # warm-up: uniform random actions
             a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
         else:
-            eps = torch.from_numpy(self.rng.standard_normal((n, len(self.low))).astype(np.float32)).to(self.device)
+            eps = torch.from_numpy(self.rng.standard_normal((n, len(self.low)), dtype=np.float32)).to(self.device)
             a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device), eps)
             a = a.cpu().numpy()
         return self.scale(a), a
@@ -92,9 +101,13 @@ class SACPolicy:
         pass
 
 
-def parse_coef(value: str) -> float | None:
-    """'auto' -> None; a number -> float."""
-    return None if value == "auto" else float(value)
+def parse_coef(value: str) -> tuple[bool, float]:
+    """ent_coef -> (learned?, initial alpha): 'auto' -> (True, 1.0), 'auto_0.1' -> (True, 0.1), '0.2' -> (False, 0.2)."""
+    if value == "auto":
+        return True, 1.0
+    if value.startswith("auto_"):
+        return True, float(value[5:])
+    return False, float(value)
 
 
 class SAC(Checkpointed):
@@ -102,30 +115,31 @@ class SAC(Checkpointed):
     name = "sac"
 
     def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
-        self.cfg, self.obs_shape, self.device = cfg, obs_shape, torch.device(device)
+        self.cfg, self.obs_shape, self.device = cfg, tuple(obs_shape), torch.device(device)
         self.low, self.high = np.asarray(action_space.low), np.asarray(action_space.high)
         self.act_dim = int(np.prod(action_space.shape))
-        obs_dim, ndim = int(np.prod(obs_shape)), len(obs_shape)
-        self.actor = GaussianActor(obs_dim, self.act_dim, cfg.net_arch, ndim).to(self.device)
-        self.critics = nn.ModuleList([Critic(obs_dim, self.act_dim, cfg.net_arch, ndim) for _ in range(2)]).to(self.device)
-        self.critics_target = nn.ModuleList([Critic(obs_dim, self.act_dim, cfg.net_arch, ndim)
-                                             for _ in range(2)]).to(self.device)
+        self.actor = self._actor().to(self.device)
+        self.critics = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
+        self.critics_target = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
         self.critics_target.load_state_dict(self.critics.state_dict())
         self.critics_target.requires_grad_(False)
-        self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)
-        self.critic_opt = FlatAdam(self.critics, cfg.lr, cfg.max_grad_norm)
-        self.critics_target_flat = flatten(self.critics_target)
-        fixed = parse_coef(cfg.ent_coef)
+        self.actor_opt, self.critic_opt = adam(self.actor, cfg.lr, self.device), adam(self.critics, cfg.lr, self.device)
+        self.actor_params, self.critic_params = list(self.actor.parameters()), list(self.critics.parameters())
+        learned, init = parse_coef(cfg.ent_coef)
         self.target_entropy = -float(self.act_dim) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
-        # log alpha, optimised toward the target entropy unless ent_coef is a number (SB3 starts auto at 1.0)
-        self.log_alpha = torch.tensor(math.log(fixed if fixed is not None else 1.0), device=self.device,
-                                      requires_grad=fixed is None)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr) if fixed is None else None
+        self.log_alpha = torch.tensor(math.log(init), device=self.device, requires_grad=learned)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr) if learned else None
         self.updates = 0
+
+    def _actor(self) -> GaussianActor:
+        return GaussianActor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+
+    def _critic(self) -> Critic:
+        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
 
     # ---- acting side -------------------------------------------------------------------------
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> SACPolicy:
-        net = GaussianActor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+        net = self._actor()
         net.load_state_dict(self.policy_state())
         return SACPolicy(net, self.low, self.high, seed, device)
 
@@ -133,7 +147,7 @@ class SAC(Checkpointed):
         return self.actor.state_dict()
 
     def exploration(self, env_steps: int) -> float | None:
-        return None if env_steps < self.cfg.learning_starts else 1.0   # 1.0: sample from the policy
+        return None if env_steps < self.cfg.learning_starts else 1.0   # 1.0: sample from pi
 
     def on_env_steps(self, before: int, after: int) -> None:
         pass
@@ -144,30 +158,29 @@ class SAC(Checkpointed):
 
     # ---- learning side -----------------------------------------------------------------------
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
-        """One gradient step per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
+        """K sequential gradient steps, one per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
         cfg, td_all = self.cfg, torch.empty_like(weights)
         q1, q2 = self.critics
+        t1, t2 = self.critics_target
         for k in range(weights.shape[0]):
-            b = {key: v[k] for key, v in batches.items()}
-            if self.alpha_opt is not None:  # the entropy coefficient, on the current policy's actions
-                with torch.no_grad():
-                    _, logp = self.actor.sample(b["obs"])
-                alpha_loss = -(self.log_alpha * (logp + self.target_entropy)).mean()
-                self.alpha_opt.zero_grad()
-                alpha_loss.backward()
-                self.alpha_opt.step()
+            b, w = {key: v[k] for key, v in batches.items()}, weights[k]
+            a, logp = self.actor.sample(b["obs"])
             alpha = self.log_alpha.detach().exp()
+            if self.alpha_opt is not None:
+                self.alpha_opt.zero_grad()
+                (-(self.log_alpha * (logp.detach() + self.target_entropy)).mean()).backward()
+                self.alpha_opt.step()
             with torch.no_grad():
                 next_a, next_logp = self.actor.sample(b["next_obs"])
-                t1, t2 = self.critics_target
                 next_q = torch.min(t1(b["next_obs"], next_a), t2(b["next_obs"], next_a)) - alpha * next_logp
                 target = b["reward"] + cfg.gamma ** b["steps"].float() * (~b["terminated"]).float() * next_q
             td1, td2 = q1(b["obs"], b["action"]) - target, q2(b["obs"], b["action"]) - target
-            self.critic_opt.step(0.5 * (weights[k] * td1.pow(2)).mean() + 0.5 * (weights[k] * td2.pow(2)).mean())
-            a, logp = self.actor.sample(b["obs"])
-            self.actor_opt.step((alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean())
-            soft_update(self.critics_target_flat, self.critic_opt.flat, cfg.tau)
-            td_all[k] = (td1.detach().abs() + td2.detach().abs()) / 2
+            step(self.critic_opt, 0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean(), self.critic_params,
+                 cfg.max_grad_norm)
+            step(self.actor_opt, (alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean(),
+                 self.actor_params, cfg.max_grad_norm)
+            soft_update(self.critics_target, self.critics, cfg.tau)
+            td_all[k] = (td1.detach().abs() + td2.detach().abs()) * 0.5
         self.updates += weights.shape[0]
         return td_all
 
