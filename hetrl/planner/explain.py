@@ -28,12 +28,12 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     p, pred, w = result.plan, result.prediction, result.workload
     envs = result.preset_envs or p.num_envs
     con.print(f"[bold]hetrl plan[/]: {result.algo} on {result.env}, objective [bold]{result.objective}[/]: "
-              f"{result.objective_meaning} ({result.cores:g} cores; kept from the preset: num_envs {envs}, "
+              f"{result.objective_meaning} ({result.cores:g} cores; the preset's num_envs {envs}, "
               f"replay ratio {w.replay_ratio:g}, batch {p.batch_size}{', prioritized' if w.prioritized else ''}; "
-              f"{result.candidates} candidate plans)")
+              f"{result.candidates} candidate plans)", soft_wrap=True)
     for key, (was, now) in result.learning_changes.items():
         con.print(f"[bold yellow]the learning dynamics change[/]: --allow-more-envs let the planner set {key} "
-                  f"{now} (the preset's is {was}); the agent will not learn as the preset does")
+                  f"{now} (the preset's is {was}); the agent will not learn as the preset does", soft_wrap=True)
     prof = result.profile
     if prof.get("path"):
         how = "cached" if prof.get("from_cache") else f"measured now in {prof.get('profile_s')} s"

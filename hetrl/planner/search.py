@@ -273,7 +273,9 @@ class PlanResult:
 
     @property
     def objective_meaning(self) -> str:
-        return OBJECTIVE_MEANING[self.objective]
+        if self.workload.num_envs:
+            return OBJECTIVE_MEANING[self.objective]
+        return OBJECTIVE_MEANING[self.objective].replace(", num_envs)", "; num_envs the planner's: --allow-more-envs)")
 
     # the figures named in the API
     @property
