@@ -61,6 +61,9 @@ from hetrl.evaluate import evaluate
 from sb3_preset import sb3_model
 from stable_baselines3.common.callbacks import BaseCallback
 cfg = make_config(spec["algo"], spec["env"], spec["over"])
+import torch
+if spec.get("threads"):
+    torch.set_num_threads(spec["threads"])
 model = sb3_model(cfg, cfg.env)
 n, every = cfg.eval_episodes or 10, cfg.eval_interval or max(1, cfg.steps // 10)
 act = lambda o: model.predict(o, deterministic=True)[0]
@@ -93,7 +96,7 @@ if not st["evals"] or st["evals"][-1][0] < model.num_timesteps:
 final = evaluate(act, cfg.env, n, cfg.seed + REPORT_SEED)
 model.policy.load_state_dict(st["best"][0])
 best = evaluate(act, cfg.env, n, cfg.seed + REPORT_SEED)
-print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "best": best["eval_return_mean"],
+print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "torch_threads": torch.get_num_threads(), "best": best["eval_return_mean"],
                   "final": final["eval_return_mean"], "best_env_steps": st["best"][2], "evals": st["evals"]}))
 """.replace("__BENCH_DIR__", repr(str(HERE)))
 
@@ -151,8 +154,9 @@ def run_hetrl(algo: str, env: str, seed: int, plan: str, steps: int | None, work
             "evals": _tb_evals(out), "command": "hetrl " + " ".join(cmd[4:])}
 
 
-def run_sb3(algo: str, env: str, seed: int, steps: int | None) -> dict:
-    spec = {"algo": algo, "env": env, "over": {"seed": seed, **({"steps": steps} if steps else {})}}
+def run_sb3(algo: str, env: str, seed: int, steps: int | None, threads: int = 0) -> dict:
+    spec = {"algo": algo, "env": env, "over": {"seed": seed, **({"steps": steps} if steps else {})},
+            "threads": threads}
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", SB3_CHILD, json.dumps(spec)], capture_output=True, text=True, cwd=ROOT)
     process_s = time.perf_counter() - t
@@ -197,6 +201,8 @@ def table(rows: list[dict]) -> str:
             plan = f"{p['schedule']} {p['actors']}x{p['envs_per_actor']} {p['learner_device']} {p['threads']}thr"
         elif ok and run == "none":
             plan = f"{ok[0].get('schedule')} num_envs {ok[0].get('num_envs')}"
+        elif ok and run == "sb3":
+            plan = f"{ok[0].get('torch_threads')} torch threads"
         errors = [r["error"] for r in rs if "error" in r]
         lines.append(f"{algo:<5} {env:<15} {run:<5} {len(rs):>5} {fmt(mean('best')):>12} {fmt(mean('final')):>12} "
                      f"{reached:>8} {fmt(med('wall_s')):>12} {fmt(med('target_s')):>16}  {plan}"
@@ -211,6 +217,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)} (default all)")
     ap.add_argument("--steps", type=int, help="env steps per run (default: the preset's; a smoke test: a few thousand)")
+    ap.add_argument("--sb3-threads", type=int, default=0,
+                    help="torch threads for SB3 (default 0: torch's default, what an SB3 user gets; hetrl's plan "
+                         "chooses its own, see the plan column)")
     ap.add_argument("--out", default=str(RESULTS / "bench_learning.json"))
     ap.add_argument("--keep", metavar="DIR", help="keep hetrl's run directories in DIR")
     args = ap.parse_args()
@@ -238,7 +247,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     for (algo, env), seed, run in ((c, s, r) for c in cases for s in seeds for r in runs):
         print(f"bench_learning: {algo} {env} seed {seed} {run} ...", file=sys.stderr, flush=True)
-        r = run_sb3(algo, env, seed, args.steps) if run == "sb3" else run_hetrl(algo, env, seed, run, args.steps, work)
+        r = run_sb3(algo, env, seed, args.steps, args.sb3_threads) if run == "sb3" else run_hetrl(algo, env, seed, run, args.steps, work)
         r.update(algo=algo, env=env, seed=seed, run=run, **to_target(r, ZOO_SCORE.get((algo, env))))
         rows.append(r)
         print(f"  best {fmt(r.get('best'))} final {fmt(r.get('final'))} wall {fmt(r.get('wall_s'))} s"
