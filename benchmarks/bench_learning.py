@@ -96,7 +96,8 @@ if not st["evals"] or st["evals"][-1][0] < model.num_timesteps:
 final = evaluate(act, cfg.env, n, cfg.seed + REPORT_SEED)
 model.policy.load_state_dict(st["best"][0])
 best = evaluate(act, cfg.env, n, cfg.seed + REPORT_SEED)
-print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "torch_threads": torch.get_num_threads(), "best": best["eval_return_mean"],
+print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "torch_threads": torch.get_num_threads(),
+                  "best": best["eval_return_mean"],
                   "final": final["eval_return_mean"], "best_env_steps": st["best"][2], "evals": st["evals"]}))
 """.replace("__BENCH_DIR__", repr(str(HERE)))
 
@@ -146,7 +147,8 @@ def run_hetrl(algo: str, env: str, seed: int, plan: str, steps: int | None, work
                 "process_s": process_s, "command": " ".join(cmd[1:])}
     res = json.loads((out / "result.json").read_text())
     plan_doc = res.get("plan") or {}
-    return {"best": res.get("eval_return_mean"), "final": res.get("final_eval_return_mean", res.get("eval_return_mean")),
+    return {"best": res.get("eval_return_mean"),
+            "final": res.get("final_eval_return_mean", res.get("eval_return_mean")),
             "wall_s": res["wall_s"], "process_s": process_s, "env_steps": res["env_steps"],
             "best_env_steps": res.get("best_env_steps"), "schedule": res["schedule"], "num_envs": res["num_envs"],
             "plan": plan_doc.get("plan"), "chosen": plan_doc.get("chosen"),
@@ -194,7 +196,8 @@ def table(rows: list[dict]) -> str:
             r.get(k) is not None for r in ok) else None
         med = lambda k: statistics.median(r[k] for r in ok if r.get(k) is not None) if any(  # noqa: E731
             r.get(k) is not None for r in ok) else None
-        reached = f"{sum(bool(r.get('reached')) for r in ok)}/{len(rs)}" if ZOO_SCORE.get((algo, env)) is not None else "-"
+        scored = ZOO_SCORE.get((algo, env)) is not None
+        reached = f"{sum(bool(r.get('reached')) for r in ok)}/{len(rs)}" if scored else "-"
         plan = ""
         if ok and ok[0].get("plan"):
             p = ok[0]["plan"]
@@ -247,7 +250,10 @@ def main() -> None:
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     for (algo, env), seed, run in ((c, s, r) for c in cases for s in seeds for r in runs):
         print(f"bench_learning: {algo} {env} seed {seed} {run} ...", file=sys.stderr, flush=True)
-        r = run_sb3(algo, env, seed, args.steps, args.sb3_threads) if run == "sb3" else run_hetrl(algo, env, seed, run, args.steps, work)
+        if run == "sb3":
+            r = run_sb3(algo, env, seed, args.steps, args.sb3_threads)
+        else:
+            r = run_hetrl(algo, env, seed, run, args.steps, work)
         r.update(algo=algo, env=env, seed=seed, run=run, **to_target(r, ZOO_SCORE.get((algo, env))))
         rows.append(r)
         print(f"  best {fmt(r.get('best'))} final {fmt(r.get('final'))} wall {fmt(r.get('wall_s'))} s"

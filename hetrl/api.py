@@ -277,8 +277,9 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
     sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
+    at = "with more envs than the preset's" if result.learning_changes else "at the preset's settings"
     note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
-         f"{result.predicted_env_steps_per_s:,.0f} env steps/s at the preset's settings ({result.bottleneck}); "
+         f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
          "`hetrl plan` explains it")
     for line in result.notes:
         if "learning dynamics" in line:
@@ -314,7 +315,8 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     Settings not given come from the env's preset (hetrl/presets.yaml); any Config field can be
     passed as a keyword (e.g. lr=1e-3, prioritized=True). plan="auto" lets the planner choose
     the schedule, actor count and devices around the settings given here (`hetrl plan` shows
-    why). Returns the finished Run, evaluated over `eval_episodes` episodes (0 to skip) and saved
+    why); it keeps every learning setting, num_envs included, unless allow_more_envs=True lets it
+    raise the env count (the learning dynamics change; a num_envs given here is kept). Returns the finished Run, evaluated over `eval_episodes` episodes (0 to skip) and saved
     to `out` if given.
     """
     if plan not in ("auto", "none"):

@@ -24,7 +24,8 @@ TABLES = {"fast env": dict(env_step_s=20e-6, learn_s={"cpu": 1e-3}),
 PINS = [{}, {"schedule": "local"}, {"schedule": "inline"}, {"threads": 1}]
 # what a user sets by hand: the system's settings become pins, the rest stays in the config
 HAND_SETTINGS = [{}, {"schedule": "local"}, {"schedule": "inline", "device": "cpu"}, {"threads": 1},
-                 {"schedule": "local", "actors": 2, "num_envs": 4}, {"num_envs": 6}, {"envs_per_actor": 3, "num_envs": 6},
+                 {"schedule": "local", "actors": 2, "num_envs": 4}, {"num_envs": 6},
+                 {"envs_per_actor": 3, "num_envs": 6},
                  {"device": "cuda", "schedule": "local"}, {"batch_size": 32, "lr": 1e-3, "gradient_steps": 4}]
 OWNED = [f.name for f in dataclasses.fields(Config) if f.name not in SYSTEM_KEYS]
 

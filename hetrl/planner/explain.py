@@ -80,7 +80,8 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
             r.add_column(col, justify=just, no_wrap=True, min_width=len(col))
         for i, q in enumerate(shown):
             qp = q.plan
-            r.add_row("*" if i == 0 else str(i + 1), qp.schedule + ("" if qp.runnable else " (m)"), f"{qp.actors} x {qp.envs_per_actor}",
+            r.add_row("*" if i == 0 else str(i + 1), qp.schedule + ("" if qp.runnable else " (m)"),
+                      f"{qp.actors} x {qp.envs_per_actor}",
                       qp.learner_device, str(qp.threads), *[getattr(qp, key) for _, key in extra],
                       f"{q.env_steps_per_s:,.0f}", f"{q.steps_per_joule:,.1f}", q.bound)
         con.print(r)

@@ -13,8 +13,8 @@ What a plan sets is only Config.SYSTEM_KEYS (schedule, device, threads, actors, 
 never a setting that changes what the agent learns.
 
 Objectives: ``"throughput"`` maximises env steps/s at the preset's settings (its replay ratio,
-batch size and env count); ``"efficiency"`` maximises env steps per joule. Plans within ``TIE`` of the best on the objective are ranked
-by the other figure (so a plan that is as fast with fewer watts wins).
+batch size and env count); ``"efficiency"`` maximises env steps per joule. Plans within ``TIE``
+of the best on the objective are ranked by the other figure (so a plan that is as fast with fewer watts wins).
 """
 
 from __future__ import annotations
@@ -324,7 +324,8 @@ class PlanResult:
         return {
             "schema": SCHEMA, "algo": self.algo, "env": self.env, "objective": self.objective,
             "objective_meaning": self.objective_meaning, "preset_envs": self.preset_envs,
-            "learning_changes": self.learning_changes, "cores": self.cores, "replay_ratio": self.workload.replay_ratio, "prioritized": self.workload.prioritized,
+            "learning_changes": self.learning_changes, "cores": self.cores,
+            "replay_ratio": self.workload.replay_ratio, "prioritized": self.workload.prioritized,
             "plan": self.plan.to_json(), "settings": self.plan.settings(),
             "predicted": self.prediction.to_json(), "bottleneck": self.bottleneck,
             "runners_up": [{"plan": p.plan.to_json(), "predicted": p.to_json()} for p in self.runners_up],
