@@ -2,7 +2,7 @@
 
     hetrl profile [ALGO --env ID] [--set key=value ...] [--refresh] [--quick] [--json]
     hetrl plan ALGO --env ID [--objective throughput|efficiency] [--set key=value ...]
-               [--pin key=value ...] [--cores N|auto] [--all-placements] [--top K]
+               [--pin key=value ...] [--cores N|auto] [--all-placements] [--allow-more-envs] [--top K]
                [--refresh] [--quick] [--json]
 """
 
