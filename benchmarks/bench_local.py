@@ -110,20 +110,10 @@ if lib == "hetrl":
                                         "policy_staleness_mean", "replay_ratio_achieved", "learner_wait_s")
                      if k in f}}
 else:
-    import numpy as np
-    import stable_baselines3 as sb3
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.noise import NormalActionNoise
-    common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
-                  batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
-                  gradient_steps=cfg.gradient_steps, policy_kwargs=dict(net_arch=cfg.net_arch), seed=cfg.seed, verbose=0)
-    if algo == "dqn":
-        model = sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval,
-                        exploration_fraction=cfg.exploration_fraction, exploration_final_eps=cfg.exploration_final_eps, **common)
-    else:
-        import gymnasium as gym
-        n = gym.make(env).action_space.shape[0]
-        model = sb3.DDPG("MlpPolicy", env, tau=cfg.tau, action_noise=NormalActionNoise(np.zeros(n), cfg.noise_std * np.ones(n)), **common)
+    sys.path.insert(0, __BENCH_DIR__)
+    from sb3_preset import sb3_model
+    model = sb3_model(cfg, env)
     state = {"evals": [], "eval_s": 0.0, "hit": None, "next": EVERY}
 
     class Eval(BaseCallback):
@@ -154,7 +144,7 @@ if mode == "t475":
     out["t475_with_eval_s"] = hit[2] if hit else None
     out["t475_env_steps"] = hit[0] if hit else None
 print(json.dumps(out))
-"""
+""".replace("__BENCH_DIR__", repr(str(HERE)))
 
 
 def run_child(lib: str, algo: str, env: str, steps: int, extra: dict, mode: str = "throughput", **kw) -> dict:

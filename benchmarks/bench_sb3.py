@@ -34,24 +34,14 @@ if lib == "hetrl":
     print(json.dumps({"wall_s": wall, "env_steps": run.result["env_steps"], "gradient_steps": run.result["gradient_steps"],
                       "train_samples_per_s": run.result["train_samples_per_s"]}))
 else:
-    import numpy as np, torch
-    import stable_baselines3 as sb3
-    from stable_baselines3.common.noise import NormalActionNoise
-    common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
-                  batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
-                  gradient_steps=cfg.gradient_steps, policy_kwargs=dict(net_arch=cfg.net_arch), seed=cfg.seed, verbose=0)
-    if algo == "dqn":
-        model = sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval,
-                        exploration_fraction=cfg.exploration_fraction, exploration_final_eps=cfg.exploration_final_eps, **common)
-    else:
-        import gymnasium as gym
-        n = gym.make(env).action_space.shape[0]
-        model = sb3.DDPG("MlpPolicy", env, tau=cfg.tau, action_noise=NormalActionNoise(np.zeros(n), cfg.noise_std * np.ones(n)), **common)
+    sys.path.insert(0, __BENCH_DIR__)
+    from sb3_preset import sb3_model
+    model = sb3_model(cfg, env)
     t = time.perf_counter()
     model.learn(total_timesteps=steps)
     wall = time.perf_counter() - t
     print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "gradient_steps": model._n_updates}))
-"""
+""".replace("__BENCH_DIR__", repr(str(HERE)))
 
 
 def run_one(algo: str, env: str, steps: int, lib: str, extra: dict) -> dict:

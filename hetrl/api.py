@@ -246,8 +246,12 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     """The planner's best plan around the settings the user gave by hand (they are pins):
     (cfg with the plan applied, the plan and its predicted figures for result.json).
 
-    The planner chooses only the system's settings (config.SYSTEM_KEYS); what changes learning is
-    the preset's, num_envs included, unless allow_more_envs lets it raise the env count."""
+    The planner chooses only the system's settings (config.SYSTEM_KEYS: schedule, device, threads,
+    actors x envs_per_actor = num_envs, the learner kernel); what changes learning is the preset's
+    (and the user's), num_envs included. allow_more_envs lets it raise the env count for throughput
+    (not where the user set num_envs by hand); then a line says that the learning dynamics change.
+    result.json's `plan` lists `owned_by_preset` (every preset-owned setting and its value),
+    `chosen` (what the planner set) and `changed_learning_settings` (empty unless opted in)."""
     import dataclasses
 
     from hetrl.config import SYSTEM_KEYS
@@ -258,8 +262,11 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
         if not quiet:
             print(f"hetrl: {msg}", file=sys.stderr, flush=True)
 
+    if allow_more_envs and "num_envs" in settings:
+        note(f"num_envs={cfg.num_envs} was set by hand: the planner keeps it (--allow-more-envs ignored)")
+        allow_more_envs = False
     pins = pins_from_settings({k: v for k, v in settings.items() if k != "schedule"} if cfg.schedule == "ray"
-                              else settings, cfg.schedule)
+                              else settings)
     cores = None
     if cfg.schedule == "ray":  # plan the cluster's CPUs as one pool of actors around the learner
         from hetrl.runtime.ray_schedule import cluster_cpus, connect
@@ -270,8 +277,9 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
     sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
+    at = "with more envs than the preset's" if result.learning_changes else "at the preset's settings"
     note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
-         f"{result.predicted_env_steps_per_s:,.0f} env steps/s at the preset's settings ({result.bottleneck}); "
+         f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
          "`hetrl plan` explains it")
     for line in result.notes:
         if "learning dynamics" in line:
@@ -282,11 +290,13 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()
-    changed = sorted(k for k in after if after[k] != before[k] and k not in SYSTEM_KEYS)
+    chosen_keys = [k for k in (*p.settings(), "fastpath") if k in SYSTEM_KEYS and k not in settings]
+    changed = {k: [before[k], after[k]] for k in after if after[k] != before[k] and k not in SYSTEM_KEYS}
     owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}
-    info = {**result.to_json(), "objective_meaning": "env steps/s at the preset's learning settings",
-            "owned_by_preset": owned, "chosen": {k: after[k] for k in SYSTEM_KEYS if after[k] != before[k]},
-            "changed_learning_settings": {k: [before[k], after[k]] for k in changed}}
+    info = {**result.to_json(), "objective_meaning": result.objective_meaning, "allow_more_envs": allow_more_envs,
+            "owned_by_preset": owned,
+            "chosen": {**{k: after[k] for k in chosen_keys}, **{k: v[1] for k, v in changed.items()}},
+            "changed_learning_settings": changed}
     return new, {"plan": info, "predicted_env_steps_per_s": result.predicted_env_steps_per_s,
                  "predicted_train_samples_per_s": result.predicted_train_samples_per_s}
 
@@ -305,7 +315,8 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     Settings not given come from the env's preset (hetrl/presets.yaml); any Config field can be
     passed as a keyword (e.g. lr=1e-3, prioritized=True). plan="auto" lets the planner choose
     the schedule, actor count and devices around the settings given here (`hetrl plan` shows
-    why). Returns the finished Run, evaluated over `eval_episodes` episodes (0 to skip) and saved
+    why); it keeps every learning setting, num_envs included, unless allow_more_envs=True lets it
+    raise the env count (the learning dynamics change; a num_envs given here is kept). Returns the finished Run, evaluated over `eval_episodes` episodes (0 to skip) and saved
     to `out` if given.
     """
     if plan not in ("auto", "none"):

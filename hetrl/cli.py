@@ -194,7 +194,21 @@ def _schedule_flags(args) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
+def _plan_line(plan: dict) -> str:
+    """One line on what the planner set and what it kept (result.json's `plan`)."""
+    changed = plan.get("changed_learning_settings") or {}
+    if changed:
+        what = ", ".join(f"{k} {new} (the preset's {old})" for k, (old, new) in changed.items())
+        return (f"the learning dynamics changed: --allow-more-envs let the planner set {what}; this run does "
+                "not learn as the preset does")
+    chosen = " ".join(f"{k}={v}" for k, v in (plan.get("chosen") or {}).items())
+    return (f"the planner set {chosen or 'nothing'}; every learning setting is the preset's "
+            f"(num_envs {plan.get('owned_by_preset', {}).get('num_envs', '?')})")
+
+
 def _summary(result: dict, out: Path) -> None:
+    if isinstance(result.get("plan"), dict):
+        print(f"hetrl: {_plan_line(result['plan'])}", file=sys.stderr)
     measured = result.get("env_steps_per_s_learning")
     if result.get("predicted_env_steps_per_s") and measured:
         err = measured / result["predicted_env_steps_per_s"] - 1

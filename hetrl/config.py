@@ -32,7 +32,7 @@ class Config:
     # system
     schedule: str = "inline"            # inline (one process), local (actor processes), ray (a Ray cluster)
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
-    num_envs: int = 1                   # envs in all (rl-zoo's n_envs of the preset): the preset's, not the planner's
+    num_envs: int = 1                   # envs in all: the preset's (rl-zoo's n_envs, 1 where the zoo sets none), never the planner's
     env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
@@ -111,6 +111,8 @@ SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "ins
                "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
                "log_interval", "fastpath", "check_finite")
 
+
+MAX_LOCAL_ACTORS = 64    # actor processes on one machine at most (the planner searches no further)
 
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "dqn": {"tau": 1.0},
@@ -275,8 +277,9 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
         raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
-    if cfg.actors > 64 and cfg.schedule != "ray":
-        raise UsageError(f"actors={cfg.actors} is more actor processes than one machine runs well (64); lower "
+    if cfg.actors > MAX_LOCAL_ACTORS and cfg.schedule != "ray":
+        raise UsageError(f"actors={cfg.actors} is more actor processes than one machine runs well "
+                         f"({MAX_LOCAL_ACTORS}); lower "
                          "--actors, or spread them over a cluster with --schedule ray")
     if cfg.actors > 4096:
         raise UsageError(f"actors={cfg.actors} is more than hetrl supports (4096); lower --actors")

@@ -98,5 +98,9 @@ def test_train_with_auto_plan_records_prediction(capsys, tmp_path, monkeypatch):
     assert code == 0, err
     res = json.loads((out / "result.json").read_text())
     assert res["plan"]["plan"]["schedule"] == "inline" and res["predicted_env_steps_per_s"] > 0
+    # what the planner set, and the preset's (and --set) learning settings it kept
+    assert res["plan"]["owned_by_preset"]["batch_size"] == 32 and res["plan"]["owned_by_preset"]["num_envs"] == 1
+    assert "schedule" not in res["plan"]["chosen"] and "threads" not in res["plan"]["chosen"]   # set by hand
+    assert res["plan"]["changed_learning_settings"] == {} and "every learning setting is the preset's" in err
     # the prediction is compared with the steady state: env steps/s from the first gradient step on
     assert res["env_steps_per_s_learning"] > 0 and "while learning vs predicted" in err

@@ -148,8 +148,11 @@ def test_pins_are_respected():
     ({"learner_device": "tpu"}, "not a device"),
     ({"schedule": "ray"}, "not plannable"),
     ({"schedule": "inline", "actors": 3}, "needs schedule=local"),
-    ({"storage_device": "cpu", "learner_device": "cuda:0"}, "pin them equal"),
-    ({"replay_device": "cuda:0"}, "cannot run in this build"),
+    ({"storage_device": "cpu", "learner_device": "cuda:0"}, "data storage on cpu apart from the learner"),
+    ({"replay_device": "cuda:0"}, "replay manager on cuda:0 .* this runtime cannot run"),
+    ({"actor_inference_device": "cuda:0"}, "actor inference on cuda:0 .* this runtime cannot run"),
+    ({"batch_size": 128}, "batch_size is the preset's"),
+    ({"num_envs": 4}, "num_envs is the preset's"),
 ])
 def test_bad_pins_are_usage_errors(pins, words):
     t = synthetic_table(gpus=("G",))
@@ -171,7 +174,10 @@ def test_plan_json_schema():
                 "bottleneck", "runners_up", "pins", "notes", "candidates", "profile"):
         assert key in doc, key
     assert set(doc["plan"]) == {"schedule", "actors", "envs_per_actor", "learner_device", "storage_device",
-                                "replay_device", "actor_inference_device", "batch_size", "threads"}
+                                "replay_device", "actor_inference_device", "batch_size", "threads", "runnable"}
+    assert doc["plan"]["runnable"] is True
+    assert doc["objective_meaning"].startswith("env steps/s at the preset's settings")
+    assert doc["preset_envs"] == 1 and doc["learning_changes"] == {}
     pred = doc["predicted"]
     for key in ("env_steps_per_s", "train_samples_per_s", "gradient_steps_per_s", "busy", "watts",
                 "steps_per_joule", "power_source", "bound", "limits", "times_s"):
@@ -192,14 +198,29 @@ def test_settings_of_a_local_plan():
     assert "actors" not in Plan("inline", 1, 8).settings()
 
 
+def test_settings_are_only_config_system_keys_and_the_env_count():
+    from hetrl.config import SYSTEM_KEYS
+
+    fields = set(Config().to_dict())
+    for plan_ in (Plan("local", 2, 4, "cuda:0", "cpu", "cuda:0", "cuda:0", 256, 1), Plan("inline", 1, 8)):
+        s = plan_.settings()
+        assert set(s) <= fields                                   # no phantom placement keys
+        assert set(s) - {"num_envs"} <= set(SYSTEM_KEYS)          # batch_size is never a plan's
+        assert s["num_envs"] == plan_.num_envs
+
+
 def test_runnable_placement_keeps_replay_and_inference_on_cpu():
     t = synthetic_table(gpus=("G",), learn_s={"cpu": 1e-3, "cuda:0": 0.2e-3},
                         infer_s={"cpu": (40e-6, 1e-6), "cuda:0": (1e-6, 0.0)})
     r = best(t)
     assert r.plan.actor_inference_device == "cpu" and r.plan.replay_device == "cpu"
+    assert r.plan.runnable and all(q.plan.runnable for q in r.runners_up)
     r_all = best(t, placement="all")
-    assert r_all.plan.actor_inference_device == "cuda:0"   # cheaper inference, priced, not runnable yet
+    assert r_all.plan.actor_inference_device == "cuda:0"   # cheaper inference: modelled, not runnable
     assert r_all.candidates > r.candidates
+    assert not r_all.plan.runnable and any(n.startswith("modelled, not runnable") for n in r_all.notes)
+    with pytest.raises(UsageError, match="modelled, not runnable"):
+        r_all.apply(make_config("dqn", "CartPole-v1"))
 
 
 def test_pins_from_hand_set_settings_and_apply():
@@ -207,7 +228,8 @@ def test_pins_from_hand_set_settings_and_apply():
 
     assert pins_from_settings({"device": "cpu", "threads": 0, "lr": 1e-3}) == \
         {"learner_device": "cpu", "storage_device": "cpu"}
-    assert pins_from_settings({"schedule": "inline", "num_envs": 4}) == {"schedule": "inline", "envs_per_actor": 4}
+    # num_envs is the preset's (or the user's) setting, kept through the workload: never a pin
+    assert pins_from_settings({"schedule": "inline", "num_envs": 4, "batch_size": 32}) == {"schedule": "inline"}
     assert pins_from_settings({"schedule": "local", "actors": "3"}) == {"schedule": "local", "actors": 3}
     cfg = make_config("dqn", "CartPole-v1", {"lr": 1e-3, "num_envs": 4})
     r = plan(cfg, profile=synthetic_table(env="CartPole-v1", env_step_s=2e-3), schedules=BOTH, cores=4,

@@ -3,7 +3,7 @@
     from hetrl.config import make_config
     from hetrl.planner import plan
     result = plan(make_config("dqn", "CartPole-v1"), objective="throughput", pins={"actors": 2})
-    result.plan.settings()          # Config overrides: schedule, device, num_envs, threads, ...
+    result.plan.settings()          # Config settings: schedule, device, threads, actors x envs_per_actor = num_envs
     cfg = result.apply(cfg)         # the same, applied (validated Config)
     result.to_json()                # plan, predicted figures, runners-up, bottleneck (docs/planner.md)
 
@@ -26,12 +26,15 @@ def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None =
          top: int = 5, allow_more_envs: bool = False) -> PlanResult:
     """The best plan for ``cfg`` (a hetrl Config) on this machine.
 
-    ``profile``: a ProfileTable (default: the cached one for cfg, measured first if missing);
+    The plan sets only config.SYSTEM_KEYS (schedule, device, threads, how cfg.num_envs envs are
+    split over actors); every other setting of cfg is kept. ``profile``: a ProfileTable (default:
+    the cached one for cfg, measured first if missing);
     ``pins``: plan fields fixed by the user ({"actors": 2, "learner_device": "cpu"} or
     ["actors=2", ...]); ``cores``: plan for this many cores (default: the profiled machine's;
     a fraction where other programs take part of the machine);
-    ``schedules``: restrict the schedules; ``placement``: "runnable" (what this build can run)
-    or "all" (every placement the model can price); ``quick``: profile a tiny grid if nothing
+    ``schedules``: restrict the schedules; ``placement``: "runnable" (what this runtime runs:
+    data storage with the learner on ``device``, replay manager and inference on the CPU) or "all"
+    (also placements the model prices but the runtime cannot run: explained, never applied); ``quick``: profile a tiny grid if nothing
     is cached (smoke tests); ``allow_more_envs``: let the planner change the preset's num_envs for
     throughput (it changes what the agent learns; off by default). ``cores="auto"`` plans for the cores this machine gives us now
     (a probe, see load.py), useful where other programs share it."""

@@ -2,7 +2,7 @@
 
     hetrl profile [ALGO --env ID] [--set key=value ...] [--refresh] [--quick] [--json]
     hetrl plan ALGO --env ID [--objective throughput|efficiency] [--set key=value ...]
-               [--pin key=value ...] [--cores N|auto] [--all-placements] [--top K]
+               [--pin key=value ...] [--cores N|auto] [--all-placements] [--allow-more-envs] [--top K]
                [--refresh] [--quick] [--json]
 """
 
@@ -62,9 +62,15 @@ def cmd_plan(args) -> int:
         if cores <= 0:
             raise UsageError(f"--cores must be > 0, got {args.cores}")
     cfg = _config(args)
+    from hetrl.config import parse_sets
+
+    more = args.allow_more_envs
+    if more and "num_envs" in parse_sets(args.sets):   # a num_envs set by hand is kept
+        print(f"hetrl plan: num_envs={cfg.num_envs} was set by hand: kept (--allow-more-envs ignored)", file=sys.stderr)
+        more = False
     result = plan(cfg, objective=args.objective, pins=args.pins, cores=cores,
                   placement="all" if args.all_placements else "runnable", refresh=args.refresh,
-                  quick=args.quick, progress=_progress(), top=args.top, allow_more_envs=args.allow_more_envs)
+                  quick=args.quick, progress=_progress(), top=args.top, allow_more_envs=more)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -98,12 +104,14 @@ def register(subparsers) -> None:
     q.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting as for train (e.g. --set prioritized=true)")
     q.add_argument("--pin", dest="pins", action="append", metavar="KEY=VALUE", default=[],
-                   help=f"fix a plan field and search the rest ({', '.join(PLAN_FIELDS)}, or device)")
+                   help=f"fix a plan field and search the rest ({', '.join(PLAN_FIELDS)}, or device); the "
+                        "preset's settings (batch_size, num_envs, ...) change with --set")
     q.add_argument("--cores", metavar="N|auto",
                    help="plan for N CPU cores (default: this machine's; a fraction is fine); auto: the cores "
                         "this machine gives us now (a 0.4 s probe; for machines shared with other programs)")
     q.add_argument("--all-placements", action="store_true",
-                   help="also price placements this build cannot run yet (local schedule, DS apart from learner)")
+                   help="also price placements this runtime cannot run (data storage apart from the learner, "
+                        "replay manager or actor inference on a GPU): modelled, not runnable")
     q.add_argument("--allow-more-envs", action="store_true",
                    help="let the planner change the preset's num_envs for throughput (the learning dynamics change)")
     q.add_argument("--top", type=int, default=5, help="runners-up to show (default 5)")

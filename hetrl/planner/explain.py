@@ -26,9 +26,14 @@ def _busy(pred: Prediction, cores: float) -> str:
 def render_plan(result: PlanResult, console: Console | None = None) -> None:
     con = console or Console()
     p, pred, w = result.plan, result.prediction, result.workload
-    con.print(f"[bold]hetrl plan[/]: {result.algo} on {result.env}, objective [bold]{result.objective}[/] "
-              f"({result.cores:g} cores, replay ratio {w.replay_ratio:g}, batch {p.batch_size}"
-              f"{', prioritized' if w.prioritized else ''}; {result.candidates} candidate plans)")
+    envs = result.preset_envs or p.num_envs
+    con.print(f"[bold]hetrl plan[/]: {result.algo} on {result.env}, objective [bold]{result.objective}[/]: "
+              f"{result.objective_meaning} ({result.cores:g} cores; the preset's num_envs {envs}, "
+              f"replay ratio {w.replay_ratio:g}, batch {p.batch_size}{', prioritized' if w.prioritized else ''}; "
+              f"{result.candidates} candidate plans)", soft_wrap=True)
+    for key, (was, now) in result.learning_changes.items():
+        con.print(f"[bold yellow]the learning dynamics change[/]: --allow-more-envs let the planner set {key} "
+                  f"{now} (the preset's is {was}); the agent will not learn as the preset does", soft_wrap=True)
     prof = result.profile
     if prof.get("path"):
         how = "cached" if prof.get("from_cache") else f"measured now in {prof.get('profile_s')} s"
@@ -37,12 +42,13 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     t = Table(title="chosen plan", show_header=False, title_justify="left", box=None, padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("schedule", p.schedule)
+    t.add_row("schedule", p.schedule + ("" if p.runnable else " (modelled, not runnable)"))
     t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device})")
     t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}")
     t.add_row("data storage", p.storage_device)
     t.add_row("replay manager", p.replay_device)
-    t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items()))
+    t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items())
+              + ("" if p.runnable else "  (not runnable: see the note)"))
     con.print(t)
 
     f = Table(title="predicted", show_header=False, title_justify="left", box=None, padding=(0, 2))
@@ -74,14 +80,18 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
             r.add_column(col, justify=just, no_wrap=True, min_width=len(col))
         for i, q in enumerate(shown):
             qp = q.plan
-            r.add_row("*" if i == 0 else str(i + 1), qp.schedule, f"{qp.actors} x {qp.envs_per_actor}",
+            r.add_row("*" if i == 0 else str(i + 1), qp.schedule + ("" if qp.runnable else " (m)"),
+                      f"{qp.actors} x {qp.envs_per_actor}",
                       qp.learner_device, str(qp.threads), *[getattr(qp, key) for _, key in extra],
                       f"{q.env_steps_per_s:,.0f}", f"{q.steps_per_joule:,.1f}", q.bound)
         con.print(r)
         if pred.power_source != "measured":
             con.print(f"[dim]steps/J: {pred.power_source} power[/]")
+        if not all(q.plan.runnable for q in shown):
+            con.print("[dim](m): modelled, not runnable by this runtime (--all-placements)[/]")
     for note in result.notes:
-        con.print(f"[dim]note: {note}[/]")
+        if "learning dynamics" not in note:   # said above, in full
+            con.print(f"[dim]note: {note}[/]")
 
 
 def render_profile(table: ProfileTable, console: Console | None = None) -> None:

@@ -48,12 +48,11 @@ side: the actors (N / a), the learner process (1 / m = gradient steps/s over rr)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
-from hetrl.planner.profile import ProfileTable, grads_per_phase
-from hetrl.runtime.layout import chunk_size, group_size
+from hetrl.planner.profile import ProfileTable
+from hetrl.runtime.layout import chunk_size, grads_per_phase, group_size
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
@@ -62,37 +61,63 @@ IPC_MESSAGE_BYTES = 256      # a chunk notice (the data itself is staged in shar
 KEY_BYTES, WEIGHT_BYTES, TD_BYTES = 8, 4, 4
 
 
+def runnable_reason(plan: "Plan") -> str | None:
+    """Why this runtime cannot run ``plan`` (None: it can). The one rule of what is runnable:
+    data storage lives with the learner on the Config's ``device``; the replay manager and the
+    actors' inference run on the CPU; the schedule is one the planner prices (inline, local).
+    The model also prices other placements (``--all-placements``): modelled, not runnable."""
+    if plan.schedule not in SCHEDULES:
+        return f"schedule {plan.schedule} is not plannable"
+    if plan.storage_device != plan.learner_device:
+        return (f"data storage on {plan.storage_device} apart from the learner on {plan.learner_device} "
+                "(the runtime keeps both on `device`)")
+    if plan.replay_device != "cpu":
+        return f"replay manager on {plan.replay_device} (the runtime's replay manager runs on the CPU)"
+    if plan.actor_inference_device != "cpu":
+        return f"actor inference on {plan.actor_inference_device} (the runtime's actors infer on the CPU)"
+    return None
+
+
 @dataclass(frozen=True)
 class Plan:
-    """A placement of the protocol's parts. Devices are "cpu" or "cuda:i"."""
+    """A placement of the protocol's parts. Devices are "cpu" or "cuda:i".
+
+    storage_device, replay_device and actor_inference_device are the model's, not Config keys:
+    the runtime runs a plan only where runnable_reason() is None (data storage with the learner
+    on `device`, replay manager and inference on the CPU). batch_size is the preset's, priced
+    here, never set by a plan."""
 
     schedule: str = "inline"
     actors: int = 1
     envs_per_actor: int = 8
     learner_device: str = "cpu"
-    storage_device: str = "cpu"          # data storage (DS): the transitions
-    replay_device: str = "cpu"           # replay manager (RM): sum tree / sampling
-    actor_inference_device: str = "cpu"
-    batch_size: int = 64
+    storage_device: str = "cpu"          # data storage (DS): the transitions (runnable: = learner_device)
+    replay_device: str = "cpu"           # replay manager (RM): sum tree / sampling (runnable: cpu)
+    actor_inference_device: str = "cpu"  # (runnable: cpu)
+    batch_size: int = 64                 # the preset's (priced, not chosen)
     threads: int = 1                     # torch threads of the learner process
 
-    def settings(self) -> dict:
-        """Config overrides that run this plan (only keys the Config of this build has)."""
-        from hetrl.config import Config
+    @property
+    def runnable(self) -> bool:
+        return runnable_reason(self) is None
 
-        have = {f.name for f in dataclasses.fields(Config)}
-        out = {"schedule": self.schedule, "device": self.learner_device,
-               "num_envs": self.envs_per_actor * (self.actors if self.schedule != "inline" else 1),
-               "threads": self.threads, "batch_size": self.batch_size}
+    @property
+    def num_envs(self) -> int:
+        """Envs in all: actors x envs each (inline: its one actor's)."""
+        return self.envs_per_actor * (self.actors if self.schedule != "inline" else 1)
+
+    def settings(self) -> dict:
+        """The Config settings that run this plan: schedule, device, threads, num_envs (the preset's
+        unless the planner was allowed more envs) and, for local, actors and envs_per_actor. Every
+        key is a Config key; the placement fields are not (see runnable_reason)."""
+        out = {"schedule": self.schedule, "device": self.learner_device, "num_envs": self.num_envs,
+               "threads": self.threads}
         if self.schedule != "inline":
             out.update(actors=self.actors, envs_per_actor=self.envs_per_actor)
-        # placements this build's Config cannot express yet are passed once it has the fields
-        out.update(storage_device=self.storage_device, replay_device=self.replay_device,
-                   actor_device=self.actor_inference_device)
-        return {k: v for k, v in out.items() if k in have}
+        return out
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "runnable": self.runnable}
 
     def describe(self) -> str:
         act = f"{self.actors} actor{'s' if self.actors > 1 else ''} x {self.envs_per_actor} envs"
@@ -103,7 +128,7 @@ class Plan:
             parts.append(f"RM {self.replay_device}")
         if self.actor_inference_device != "cpu":
             parts.append(f"inference {self.actor_inference_device}")
-        return ", ".join(parts)
+        return ", ".join(parts) + ("" if self.runnable else " (modelled, not runnable)")
 
 
 @dataclass

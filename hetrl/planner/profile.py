@@ -54,6 +54,7 @@ from typing import Any, Callable
 
 from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
+from hetrl.runtime.layout import grads_per_phase  # the runtime's: gradient steps per training phase
 
 FORMAT = "hetrl-profile/5"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
@@ -117,11 +118,6 @@ def cache_path(cfg, machine: dict | None = None) -> Path:
 
 
 # --- sizes to measure ------------------------------------------------------------------------
-def grads_per_phase(cfg) -> int:
-    """Gradient steps the inline schedule groups into one sample/learn call (uniform replay)."""
-    return max(1, cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq)
-
-
 def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
     """The sizes a plan for ``cfg`` needs. ``quick``: a tiny grid (tests)."""
     cores = cores or os.cpu_count() or 1

@@ -3,13 +3,18 @@
 Candidates: schedules x actors (1 for inline; 1 .. 2 x cores for local) x envs per actor (the
 profiled widths) x learner / storage / replay / inference device (each device the profile
 measured for that role; identical GPUs count once) x learner threads (the profiled counts,
-CPU learner only). ``placement="runnable"`` keeps only what this build's Config can run (one
-``device`` for learner and data storage, replay manager and actor inference on the CPU,
-schedules that Config accepts); ``"all"`` explores every placement the model can price.
+CPU learner only). The preset's env count is kept: actors x envs per actor = num_envs (unless
+the workload lets the planner choose it, --allow-more-envs). ``placement="runnable"`` keeps what
+this runtime runs (model.runnable_reason: data storage with the learner on ``device``, replay
+manager and actor inference on the CPU); ``"all"`` also prices the placements it cannot run
+(modelled, not runnable: a plan of those is explained, never applied).
 
-Objectives: ``"throughput"`` maximises env steps/s at the run's replay ratio; ``"efficiency"``
-maximises env steps per joule. Plans within ``TIE`` of the best on the objective are ranked
-by the other figure (so a plan that is as fast with fewer watts wins).
+What a plan sets is only Config.SYSTEM_KEYS (schedule, device, threads, actors, envs_per_actor):
+never a setting that changes what the agent learns.
+
+Objectives: ``"throughput"`` maximises env steps/s at the preset's settings (its replay ratio,
+batch size and env count); ``"efficiency"`` maximises env steps per joule. Plans within ``TIE``
+of the best on the objective are ranked by the other figure (so a plan that is as fast with fewer watts wins).
 """
 
 from __future__ import annotations
@@ -21,33 +26,32 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from hetrl.config import MAX_LOCAL_ACTORS
 from hetrl.errors import UsageError
-from hetrl.planner.model import SCHEDULES, Plan, Prediction, Workload, bottleneck_words, predict
+from hetrl.planner.model import SCHEDULES, Plan, Prediction, Workload, bottleneck_words, predict, runnable_reason
 from hetrl.planner.profile import ProfileTable
 
 OBJECTIVES = ("throughput", "efficiency")
 TIE = 0.02
-MAX_ACTORS = 64          # hetrl.config.validate's limit on actor processes
+MAX_ACTORS = MAX_LOCAL_ACTORS   # hetrl.config.validate's limit on actor processes
 SCHEMA = "hetrl-plan/1"
-PLAN_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
-_INT_FIELDS = ("actors", "envs_per_actor", "batch_size", "threads")
+OBJECTIVE_MEANING = {"throughput": "env steps/s at the preset's settings (replay ratio, batch size, num_envs)",
+                     "efficiency": "env steps per joule at the preset's settings (replay ratio, batch size, num_envs)"}
+PRESET_OWNED_PINS = ("batch_size", "num_envs")   # the preset's: --set them, the planner never chooses them
+PLAN_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan) if f.name not in PRESET_OWNED_PINS}
+_INT_FIELDS = ("actors", "envs_per_actor", "threads")
 _DEVICE_FIELDS = ("learner_device", "storage_device", "replay_device", "actor_inference_device")
 
 
 def runtime_schedules() -> tuple[str, ...]:
-    """Schedules this build's Config accepts (the lead adds "local" when it lands)."""
+    """Schedules the planner prices that this build's Config accepts (inline, local; ray is
+    planned as local over the cluster's CPUs by hetrl.api.auto_plan)."""
     try:
         from hetrl import config
 
         return tuple(s for s in config._CHOICES.get("schedule", ("inline",)) if s in SCHEDULES)
     except (ImportError, AttributeError):
         return ("inline",)
-
-
-def _config_fields() -> set[str]:
-    from hetrl.config import Config
-
-    return {f.name for f in dataclasses.fields(Config)}
 
 
 def normalize_device(value: str) -> str:
@@ -77,6 +81,9 @@ def parse_pins(pairs: Iterable[str] | dict | None) -> dict[str, Any]:
         if k == "device":  # the Config name: learner + data storage
             out.update(parse_pins({"learner_device": v, "storage_device": v}))
             continue
+        if k in PRESET_OWNED_PINS:
+            raise UsageError(f"{k} is the preset's (it changes what the agent learns), not the planner's; "
+                             f"set it with --set {k}=...")
         if k not in PLAN_FIELDS:
             close = difflib.get_close_matches(k, list(PLAN_FIELDS) + ["device"], n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -103,10 +110,11 @@ def parse_pins(pairs: Iterable[str] | dict | None) -> dict[str, Any]:
 
 
 def pins_from_settings(settings: dict | None, schedule_default: str | None = None) -> dict[str, Any]:
-    """Pins from the Config settings a user set by hand (--set, --config, API keywords), so that
+    """Pins from the system settings a user set by hand (--set, --config, API keywords), so that
     `hetrl train --plan auto` searches around them: device -> learner + storage device,
-    schedule, actors, envs_per_actor, threads (0 = auto: not a pin), and num_envs (with
-    schedule=inline: the envs of its one actor)."""
+    schedule, actors, envs_per_actor, threads (0 = auto: not a pin). Every other setting (num_envs
+    included) is the preset's and reaches the planner through the Workload, never as a pin.
+    (schedule_default: kept for callers; unused.)"""
     settings = dict(settings or {})
     pins: dict[str, Any] = {}
     if settings.get("device") not in (None, "auto"):
@@ -114,9 +122,6 @@ def pins_from_settings(settings: dict | None, schedule_default: str | None = Non
     for key in ("schedule", "actors", "envs_per_actor", "threads"):
         if key in settings and str(settings[key]) not in ("0", ""):
             pins[key] = settings[key]
-    if "num_envs" in settings and settings.get("schedule", schedule_default) == "inline" \
-            and "envs_per_actor" not in pins:
-        pins["envs_per_actor"] = settings["num_envs"]
     return parse_pins(pins)
 
 
@@ -143,35 +148,31 @@ def _role_devices(table: ProfileTable, section: str, pinned: str | None) -> list
 def candidates(table: ProfileTable, work: Workload, cores: int, pins: dict | None = None,
                schedules: Iterable[str] | None = None, placement: str = "runnable") -> list[Plan]:
     pins = dict(pins or {})
-    fields = _config_fields()
     runnable = placement == "runnable"
-    scheds = list(schedules) if schedules is not None else (list(runtime_schedules()) if runnable else list(SCHEDULES))
+    scheds = list(schedules) if schedules is not None else list(runtime_schedules())
     if "schedule" in pins:
         scheds = [pins["schedule"]]
     for key in _DEVICE_FIELDS:
         if key in pins and pins[key] not in table.devices:
             raise UsageError(f"pin {key}={pins[key]} but the profile of this machine has no {pins[key]} "
                              f"(devices: {', '.join(table.devices)}); pin one of those or drop the pin")
-    if runnable:
-        for key, cfg_field in (("replay_device", "replay_device"), ("actor_inference_device", "actor_device")):
-            if pins.get(key, "cpu") != "cpu" and cfg_field not in fields:
-                raise UsageError(f"pin {key}={pins[key]} cannot run in this build ({key} is on the CPU); "
-                                 "drop the pin, or plan with --all-placements to see its prediction")
-        if "storage_device" not in fields and "storage_device" in pins and "learner_device" in pins \
-                and pins["storage_device"] != pins["learner_device"]:
-            raise UsageError("storage_device and learner_device differ, but this build keeps both on one "
-                             "`device`; pin them equal (or pin device=...), or plan with --all-placements")
+    if runnable:  # the rule of model.runnable_reason, on the pins before any search
+        probe = Plan(learner_device=pins.get("learner_device", pins.get("storage_device", "cpu")),
+                     storage_device=pins.get("storage_device", pins.get("learner_device", "cpu")),
+                     replay_device=pins.get("replay_device", "cpu"),
+                     actor_inference_device=pins.get("actor_inference_device", "cpu"))
+        why = runnable_reason(probe)
+        if why:
+            raise UsageError(f"the pins ask for {why}, which this runtime cannot run; pin device=... for learner "
+                             "and data storage together and leave replay and inference on the CPU, or plan with "
+                             "--all-placements to see its prediction (modelled, not runnable)")
     learners = _role_devices(table, "learn", pins.get("learner_device"))
     storages = _role_devices(table, "ds_insert", pins.get("storage_device"))
     replays = _role_devices(table, "rm_sample" if work.prioritized else "rm_uniform", pins.get("replay_device"))
     infers = _role_devices(table, "infer", pins.get("actor_inference_device"))
     if runnable:
-        if "replay_device" not in fields:
-            replays = [d for d in replays if d == "cpu"] or replays
-        if "actor_device" not in fields:
-            infers = [d for d in infers if d == "cpu"] or infers
+        replays, infers = ["cpu"], ["cpu"]
     widths = [pins["envs_per_actor"]] if "envs_per_actor" in pins else table.widths
-    batch = pins.get("batch_size", work.batch_size)
     out = []
     for sched in scheds:
         if sched == "inline":
@@ -184,7 +185,7 @@ def candidates(table: ProfileTable, work: Workload, cores: int, pins: dict | Non
         else:
             actor_counts = [pins["actors"]] if "actors" in pins else list(range(1, min(MAX_ACTORS, 2 * cores) + 1))
         for L, DS, RM, INF in itertools.product(learners, storages, replays, infers):
-            if runnable and "storage_device" not in fields and DS != L:
+            if runnable and DS != L:   # data storage lives with the learner on `device`
                 continue
             if "threads" in pins:
                 thread_counts = [pins["threads"]]
@@ -197,7 +198,7 @@ def candidates(table: ProfileTable, work: Workload, cores: int, pins: dict | Non
                     if work.num_envs % N or ("envs_per_actor" in pins and pins["envs_per_actor"] * N != work.num_envs):
                         continue
                     w = work.num_envs // N
-                out.append(Plan(sched, N, w, L, DS, RM, INF, batch, t))
+                out.append(Plan(sched, N, w, L, DS, RM, INF, work.batch_size, t))
     out = list(dict.fromkeys(out))
     if not out:
         if work.num_envs:
@@ -261,6 +262,20 @@ class PlanResult:
     profile: dict = field(default_factory=dict)
     algo: str = ""
     env: str = ""
+    preset_envs: int = 0             # the preset's num_envs (the plan keeps it unless allowed more envs)
+
+    @property
+    def learning_changes(self) -> dict:
+        """Preset-owned settings the plan changes, {key: [preset's, plan's]}: empty unless the
+        planner was allowed more envs (--allow-more-envs) and took them."""
+        n = self.plan.num_envs
+        return {"num_envs": [self.preset_envs, n]} if self.preset_envs and n != self.preset_envs else {}
+
+    @property
+    def objective_meaning(self) -> str:
+        if self.workload.num_envs:
+            return OBJECTIVE_MEANING[self.objective]
+        return OBJECTIVE_MEANING[self.objective].replace(", num_envs)", "; num_envs the planner's: --allow-more-envs)")
 
     # the figures named in the API
     @property
@@ -293,9 +308,14 @@ class PlanResult:
         return self.prediction.power_source
 
     def apply(self, cfg):
-        """``cfg`` with this plan's settings (a new, validated Config)."""
+        """``cfg`` with this plan's settings (a new, validated Config). A plan this runtime cannot
+        run (``placement="all"``: modelled, not runnable) is a UsageError."""
         from hetrl.config import validate
 
+        why = runnable_reason(self.plan)
+        if why:
+            raise UsageError(f"the plan puts {why}: modelled, not runnable; plan without --all-placements "
+                             "(placement='runnable') to get one this runtime runs")
         new = dataclasses.replace(cfg, **self.plan.settings())
         validate(new)
         return new
@@ -303,7 +323,9 @@ class PlanResult:
     def to_json(self) -> dict:
         return {
             "schema": SCHEMA, "algo": self.algo, "env": self.env, "objective": self.objective,
-            "cores": self.cores, "replay_ratio": self.workload.replay_ratio, "prioritized": self.workload.prioritized,
+            "objective_meaning": self.objective_meaning, "preset_envs": self.preset_envs,
+            "learning_changes": self.learning_changes, "cores": self.cores,
+            "replay_ratio": self.workload.replay_ratio, "prioritized": self.workload.prioritized,
             "plan": self.plan.to_json(), "settings": self.plan.settings(),
             "predicted": self.prediction.to_json(), "bottleneck": self.bottleneck,
             "runners_up": [{"plan": p.plan.to_json(), "predicted": p.to_json()} for p in self.runners_up],
@@ -331,12 +353,11 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
     ranked = rank([predict(p, table, work, cores) for p in plans], objective)
     best = ranked[0]
     notes = []
-    if placement == "runnable" and "local" not in runtime_schedules() and schedules is None and "schedule" not in pins:
-        notes.append("the local schedule (actor processes) is not in this build yet: only inline plans "
-                     "were searched (see all placements with --all-placements)")
-    if best.plan.schedule not in runtime_schedules():
-        notes.append(f"schedule {best.plan.schedule} is not accepted by this build's Config yet: predicted only")
-    total = best.plan.envs_per_actor * (best.plan.actors if best.plan.schedule != "inline" else 1)
+    why = runnable_reason(best.plan)
+    if why:
+        notes.append(f"modelled, not runnable: the chosen plan puts {why}; `hetrl plan` without --all-placements "
+                     "shows the best plan this runtime runs")
+    total = best.plan.num_envs
     if not work.num_envs and total != preset_envs:
         notes.append(f"the planner changed num_envs from the preset's {preset_envs} to {total} (--allow-more-envs): "
                      "the learning dynamics change (exploration, data correlation, episodes per env)")
@@ -351,4 +372,4 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                       {"path": str(table.path) if table.path else None, "from_cache": table.from_cache,
                        "machine_id": table.data.get("machine_id"), "created": table.data.get("created"),
                        "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {})},
-                      table.key.get("algo", ""), table.key.get("env", ""))
+                      table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)

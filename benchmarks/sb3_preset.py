@@ -1,0 +1,42 @@
+"""A Stable-Baselines3 model built from a hetrl preset (hetrl/presets.yaml): the same hyperparameters.
+
+    from sb3_preset import sb3_model      # benchmarks/ on sys.path (the benchmarks' child processes)
+    model = sb3_model(make_config("dqn", "CartPole-v1"), "CartPole-v1")
+
+Used by bench_sb3.py, bench_local.py and bench_learning.py. Needs `pip install stable-baselines3`
+(the `bench` extra).
+"""
+
+from __future__ import annotations
+
+
+def sb3_model(cfg, env: str, verbose: int = 0):
+    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac) with cfg's hyperparameters on `env`."""
+    import numpy as np
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+    common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
+                  batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
+                  gradient_steps=cfg.gradient_steps, policy_kwargs=dict(net_arch=cfg.net_arch), seed=cfg.seed,
+                  verbose=verbose)
+    if cfg.algo == "dqn":
+        return sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval, tau=cfg.tau,
+                       exploration_fraction=cfg.exploration_fraction,
+                       exploration_initial_eps=cfg.exploration_initial_eps,
+                       exploration_final_eps=cfg.exploration_final_eps, max_grad_norm=cfg.max_grad_norm or 1e9,
+                       **common)
+    import gymnasium as gym
+
+    n = gym.make(env).action_space.shape[0]
+    if cfg.algo == "sac":
+        ent = cfg.ent_coef if cfg.ent_coef == "auto" else float(cfg.ent_coef)
+        target = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
+        return sb3.SAC("MlpPolicy", env, tau=cfg.tau, ent_coef=ent, target_entropy=target, **common)
+    noise_cls = OrnsteinUhlenbeckActionNoise if cfg.noise_type == "ou" else NormalActionNoise
+    noise = noise_cls(np.zeros(n), cfg.noise_std * np.ones(n))
+    if cfg.algo == "td3":
+        return sb3.TD3("MlpPolicy", env, tau=cfg.tau, action_noise=noise, policy_delay=cfg.policy_delay,
+                       target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip,
+                       **common)
+    return sb3.DDPG("MlpPolicy", env, tau=cfg.tau, action_noise=noise, **common)
