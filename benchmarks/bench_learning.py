@@ -225,7 +225,11 @@ def main() -> None:
                          "chooses its own, see the plan column)")
     ap.add_argument("--out", default=str(RESULTS / "bench_learning.json"))
     ap.add_argument("--keep", metavar="DIR", help="keep hetrl's run directories in DIR")
+    ap.add_argument("--table", metavar="JSON", help="print the table of an earlier run's JSON and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())["runs"]))
+        return
     envs = args.envs.split(",") if args.envs else None
     algos, runs = args.algos.split(","), args.runs.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -248,7 +252,16 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    for (algo, env), seed, run in ((c, s, r) for c in cases for s in seeds for r in runs):
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:   # after every run: an interrupted benchmark keeps what it measured
+        out.write_text(json.dumps({"started": started, "argv": sys.argv[1:], "python": sys.version.split()[0],
+                                   "cores": os.cpu_count(), "zoo_score": {f"{a} {e}": v for (a, e), v in ZOO_SCORE.items()},
+                                   "runs": rows}, indent=1))
+
+    # seeds outermost: a benchmark stopped early still covers every case
+    for seed, (algo, env), run in ((s, c, r) for s in seeds for c in cases for r in runs):
         print(f"bench_learning: {algo} {env} seed {seed} {run} ...", file=sys.stderr, flush=True)
         if run == "sb3":
             r = run_sb3(algo, env, seed, args.steps, args.sb3_threads)
@@ -258,11 +271,7 @@ def main() -> None:
         rows.append(r)
         print(f"  best {fmt(r.get('best'))} final {fmt(r.get('final'))} wall {fmt(r.get('wall_s'))} s"
               + (f"  ERROR: {r['error']}" if "error" in r else ""), file=sys.stderr, flush=True)
-    report = {"started": started, "argv": sys.argv[1:], "python": sys.version.split()[0], "cores": os.cpu_count(),
-              "zoo_score": {f"{a} {e}": v for (a, e), v in ZOO_SCORE.items()}, "runs": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+        save()
     print(table(rows))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

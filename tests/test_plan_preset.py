@@ -187,3 +187,14 @@ def test_settings_shows_the_presets_num_envs():
     assert any(line.split() == ["num_envs", "1"] for line in out.splitlines())
     for algo, env in presets(("dqn", "ddpg")):
         assert make_config(algo, env).num_envs == 1, (algo, env)
+
+
+@pytest.mark.parametrize("num_envs", [1, 2, 3, 6, 8, 16])
+@pytest.mark.parametrize("cores", [2, 5, 16, 64])
+def test_the_default_layout_never_adds_envs(num_envs, cores):
+    """`--plan none --schedule local` on a big machine: the actors split the preset's envs, never add to them."""
+    from hetrl.runtime.layout import default_actors, layout
+
+    lay = layout(make_config("dqn", "CartPole-v1", {"num_envs": num_envs}), cores)
+    assert lay.actors * lay.envs_per_actor == num_envs
+    assert lay.actors <= default_actors(cores)

@@ -62,7 +62,8 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
     """`cores`: the CPUs actors and learner share (default: this machine's; the ray schedule
     passes its cluster's). `group`: gradient steps per learn call if not group_size()'s."""
     cores = cores or os.cpu_count() or 1
-    n = cfg.actors or default_actors(cores)
+    # never more envs than the preset's: by default the largest actor count that splits num_envs evenly
+    n = cfg.actors or max(d for d in range(1, min(default_actors(cores), cfg.num_envs) + 1) if cfg.num_envs % d == 0)
     m = cfg.envs_per_actor or max(1, cfg.num_envs // n)
     chunk = chunk_size(cfg.train_freq, n, m, cfg.batched_insert, cfg.insert_chunk)
     per_phase = grads_per_phase(cfg)
