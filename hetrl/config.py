@@ -44,6 +44,7 @@ class Config:
     insert_chunk: int = 0               # env steps per actor insert message; 0 = auto (see docs/local.md)
     rate_limit: bool = True             # Reverb-style samples-per-insert limiter holds the replay ratio
     rate_tolerance: int = 0             # env steps either side may run ahead of the ratio; 0 = auto
+    max_policy_lag: int = 0             # gradient steps the learner may run ahead of the oldest policy still acting; 0 = auto
     overlap: bool = True                # actors act while the learner learns (False: lockstep)
     batched_insert: bool = True         # one insert message per chunk (False: one per vector step)
     prefetch: bool = True               # a learner thread samples the next batch during the update
@@ -109,7 +110,7 @@ class Config:
 SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
                "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
                "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
-               "log_interval", "fastpath", "check_finite")
+               "log_interval", "fastpath", "check_finite", "max_policy_lag")
 
 
 MAX_LOCAL_ACTORS = 64    # actor processes on one machine at most (the planner searches no further)
@@ -130,7 +131,7 @@ _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_
              "target_update_interval", "publish_interval", "log_interval", "replay_shards")
 _NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval",
                  "target_policy_noise", "target_noise_clip",
-                 "actors", "envs_per_actor", "insert_chunk", "rate_tolerance")  # local schedule: last 4
+                 "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 

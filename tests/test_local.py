@@ -299,6 +299,30 @@ def test_rate_tolerance_too_small_is_a_usage_error(local):
         layout(cfg_of({**local, "rate_tolerance": 1}))
 
 
+def test_policy_lag_stays_within_its_bound(local):
+    """Two actors, the tightest bound allowed: no chunk arrives with parameters older than the bound,
+    and the run still finishes with the preset's replay ratio."""
+    two = {**local, "actors": 2, "envs_per_actor": 2, "steps": 1600}
+    lay = layout(cfg_of(two))
+    least = lay.publish_every + lay.group
+    assert lay.max_lag > least   # auto leaves room for one actor's double buffer
+    run = Run(cfg_of({**two, "max_policy_lag": least}), "CartPole-v1")
+    s = run.schedule
+    try:
+        run_phases(s)
+        f = s.figures()
+        assert f["policy_lag_bound"] == least
+        assert 0 <= f["policy_lag_mean"] <= f["policy_lag_max"] <= least
+        assert s.c.gradient_steps == (1600 - 200) // 10
+    finally:
+        s.close()
+
+
+def test_policy_lag_below_one_publication_is_a_usage_error(local):
+    with pytest.raises(UsageError, match="max_policy_lag=1 .* use at least"):
+        layout(cfg_of({**local, "max_policy_lag": 1}))
+
+
 # ---- priorities -----------------------------------------------------------------------------------
 def test_learner_priorities_reach_the_tree_and_steer_the_next_samples(local):
     cfg = cfg_of({**local, "steps": 1500, "prioritized": True, "per_alpha": 1.0})

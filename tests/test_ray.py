@@ -94,6 +94,7 @@ def test_ray_schedule_runs_and_reports(local_ray, tmp_path):
     expect = (r["env_steps"] - 500) * 0.5
     assert abs(r["gradient_steps"] - expect) <= 32
     assert r["actor_restarts"] == 0 and r["ray_nodes"] == 1
+    assert 0 <= r["policy_lag_max"] <= r["policy_lag_bound"]
     assert ray.is_initialized()  # the caller's Ray is left running
 
 

@@ -75,6 +75,8 @@ class Counters:
     samples: int = 0               # transitions drawn (rate limiter), prefetched ones included
     staleness_sum: float = 0.0     # sum over inserted env steps of (learner - acting) version
     staleness_steps: int = 0
+    lag_sum: float = 0.0           # sum over inserted env steps of the policy lag in gradient steps
+    lag_max: int = 0               # the largest policy lag (gradient steps) of an inserted chunk
     restarts: int = 0
     insert_messages: int = 0
     params_version: int = 0
@@ -98,6 +100,9 @@ class LearnerCore:
         self.params: ParameterStore | None = None
         self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
+        self._version_at: dict[int, int] = {}            # published version -> gradient steps then
+        self._in_flight: dict[object, int] = {}          # grant -> gradient steps of the params then
+        self.max_lag = 0                                 # the schedule's bound (0: none, e.g. inline)
         self._t0: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
 
@@ -146,6 +151,26 @@ class LearnerCore:
         if version is not None:
             c.staleness_sum += (c.params_version - version) * steps
             c.staleness_steps += steps
+            lag = c.gradient_steps - self._version_at.get(version, self._published_at)
+            c.lag_sum += lag * steps
+            c.lag_max = max(c.lag_max, lag)
+
+    # ---- policy lag bound -------------------------------------------------------------------------
+    def granted(self, key) -> None:
+        """A chunk was granted to an actor: it acts with parameters at least as new as the latest
+        publication (actors load the latest before each chunk)."""
+        self._in_flight[key] = self._published_at
+
+    def returned(self, key) -> None:
+        """The chunk of grant `key` is in (or was lost with its actor)."""
+        self._in_flight.pop(key, None)
+
+    def lag_room(self, lay, planned: int) -> int:
+        """Gradient steps the learner may still plan (`planned`: gradient steps done or already drawn)
+        before it would lead the oldest policy still acting by more than lay.max_lag."""
+        if not self._in_flight or not lay.max_lag:
+            return 1 << 62
+        return min(self._in_flight.values()) + lay.max_lag - planned
 
     def grant_size(self, lay, reserved: int) -> int:
         """Env steps for an actor's next collect call (layout `lay`, `reserved` granted, not yet in):
@@ -187,6 +212,10 @@ class LearnerCore:
     def publish(self) -> None:
         self.c.params_version = self.params.publish(self.algo.policy_state())
         self._published_at = self.c.gradient_steps
+        self._version_at[self.c.params_version] = self.c.gradient_steps
+        if len(self._version_at) > 4096:   # versions older than any chunk in flight
+            for v in sorted(self._version_at)[:2048]:
+                del self._version_at[v]
 
     # ---- clock --------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -222,6 +251,8 @@ class LearnerCore:
                "learner_busy_fraction": c.learner_s / wall if wall else 0.0,
                "learner_wait_s": c.learner_wait_s,
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
+               "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
+               "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
                "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures()}
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)

@@ -52,6 +52,7 @@ class Layout:
     error_buffer: float            # Reverb error_buffer in samples (tolerance x SPI)
     learner_threads: int
     publish_every: int             # gradient steps between parameter publications
+    max_lag: int = 0               # gradient steps the learner may lead the oldest policy acting (0: no bound)
 
 
 def default_actors(cores: int) -> int:
@@ -81,4 +82,24 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
         b = spi * n * chunk + group * cfg.batch_size
     b = max(b, 1.0, spi, cfg.batch_size)
     threads = cfg.threads or max(1, cores - n)
-    return Layout(n, m, chunk, group, spi, min_size, b, threads, max(1, cfg.publish_interval * per_phase))
+    publish_every = max(1, cfg.publish_interval * per_phase)
+    return Layout(n, m, chunk, group, spi, min_size, b, threads, publish_every,
+                  max_policy_lag(cfg, chunk, group, publish_every))
+
+
+def max_policy_lag(cfg: Config, chunk: int, group: int, publish_every: int) -> int:
+    """The bound on policy lag, in gradient steps: how far the learner may run ahead of the parameters
+    the oldest chunk still being collected was granted with. The learner must be able to reach the next
+    publication with one group in hand (publish_every + group), or it would wait for every chunk in turn.
+    Auto: that, plus the gradient steps two chunks of one actor earn under the replay ratio (one actor's
+    double buffer, the lag of the smallest overlapped layout): more actors, or a larger cluster, are
+    throttled to the lag one actor would give instead of adding to it."""
+    least = publish_every + group
+    if cfg.max_policy_lag:
+        if cfg.max_policy_lag < least:
+            raise UsageError(f"max_policy_lag={cfg.max_policy_lag} gradient steps is below one publication and "
+                             f"one learner group ({publish_every} + {group}): the learner would wait for every "
+                             f"chunk; use at least {least}, or 0 (auto)")
+        return cfg.max_policy_lag
+    return least + 2 * math.ceil(chunk * cfg.replay_ratio)
+

@@ -137,6 +137,7 @@ class LocalSchedule(Schedule):
         self.lay = lay = layout(cfg)
         _context(warm=True)
         self.core = core = LearnerCore(cfg, env, lay.learner_threads)
+        self.core.max_lag = lay.max_lag
         spec, on_cpu = core.spec, core.device.type == "cpu"
         self._ring = SharedArrays({k: ((cfg.buffer_size, *s), d) for k, (s, d) in spec.items()}) if on_cpu else None
         self.replay = core.make_replay(buffers=None if self._ring is None else self._ring.arrays)
@@ -260,6 +261,8 @@ class LocalSchedule(Schedule):
         avail = int((c.env_steps * self.lay.spi - c.samples - floor) // B)
         # ... but never beyond what the whole run owes, so the final ratio is the preset's
         avail = min(avail, int(self.core.owed(self.lay, c.samples) // B))
+        # ... nor further ahead of the oldest policy still acting than max_policy_lag
+        avail = min(avail, self.core.lag_room(self.lay, c.samples // B))
         return max(0, min(self.lay.group, avail))
 
     def _grant(self) -> None:
@@ -288,6 +291,7 @@ class LocalSchedule(Schedule):
                 except OSError:
                     break  # it died: its sentinel tells _pump
                 h.outstanding[half] = n
+                self.core.granted((h.index, half))
                 self._reserved += n
                 self._next_actor = start + k + 1
 
@@ -389,6 +393,7 @@ class LocalSchedule(Schedule):
             view = self._views[h.index][half]
             self.core.insert(self.replay, {k: v[:rows] for k, v in view.items()}, h.index)
         self._reserved -= h.outstanding.pop(half, 0)
+        self.core.returned((h.index, half))
         self.core.inserted(steps, version, busy)
         self.c.replay_s += time.perf_counter() - t0
         self._record()
@@ -401,6 +406,8 @@ class LocalSchedule(Schedule):
         h.proc = None
         h.close_pipes()
         self._reserved -= sum(h.outstanding.values())
+        for half in h.outstanding:
+            self.core.returned((h.index, half))
         h.outstanding = {}
         if h.stopping or self._closed:
             return

@@ -126,6 +126,7 @@ class RaySchedule(Schedule):
             raise UsageError(f"replay_shards={cfg.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads)
+        self.core.max_lag = lay.max_lag
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, transitions) of a sample request in flight
@@ -247,6 +248,7 @@ class RaySchedule(Schedule):
                 table = self.core.exploration(self.c.env_steps + self._reserved, n, m)
                 ref = s.handle.collect.remote(n, table, self.params)
                 s.calls[ref] = n
+                self.core.granted(ref)
                 self._reserved += n
 
     def _harvest(self) -> None:
@@ -259,6 +261,7 @@ class RaySchedule(Schedule):
             for ref in ready:
                 n = s.calls.pop(ref)
                 self._reserved -= n
+                self.core.returned(ref)
                 try:
                     steps, rows, version, episodes, busy, counters = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
@@ -284,6 +287,7 @@ class RaySchedule(Schedule):
         its node was lost); its calls in flight are lost: their env steps are granted again."""
         for ref, n in s.calls.items():
             self._reserved -= n
+            self.core.returned(ref)
         s.calls = {}
         self._restarts.record(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close)
         self._spawn(s)
@@ -295,6 +299,7 @@ class RaySchedule(Schedule):
         if self._pending is not None or self.c.env_steps < self.lay.min_size:
             return
         g = int(min(self.lay.group, self._owed() // B)) if cfg.rate_limit else self.lay.group
+        g = min(g, self.core.lag_room(self.lay, self._requested // B))   # max_policy_lag
         if g <= 0:
             return
         beta = self.core.beta()
