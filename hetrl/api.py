@@ -142,6 +142,7 @@ class Run:
                                   len(logger.returns))
             self.interrupted = stop.signal or False
             self.result = self._result()
+            self._calibrate()
             if self.out is not None:
                 self.save(self.out, replay=self.save_replay)
         except BaseException as e:  # the env's error, a second Ctrl-C, ...: keep what was learned, then re-raise
@@ -162,6 +163,23 @@ class Run:
             logger.close()
             self.schedule.close()
         return self
+
+    def _calibrate(self) -> None:
+        """A planned run feeds its measured learner time back into the profile the plan came from,
+        so the next plan on this machine predicts with today's speed (result.json: `calibration`)."""
+        plan = self.plan_info.get("plan") or {}
+        path = (plan.get("profile") or {}).get("path")
+        c = self.schedule.c
+        if not path or not c.phases or self.interrupted:
+            return
+        from hetrl.planner.profile import calibrate
+
+        p = plan["plan"]
+        entry = calibrate(path, p["learner_device"], self.cfg.batch_size, p["threads"], c.gradient_steps / c.phases,
+                          c.learner_s, c.gradient_steps, run=str(self.out or ""))
+        if entry is not None:
+            self.result["calibration"] = entry
+            self.plan_info["calibration"] = entry
 
     def evaluate(self, episodes: int | None = None, video_dir: str | None = None) -> dict:
         """Evaluate the run's policy (the best one when keep_best) on fresh seeds; also the latest

@@ -96,6 +96,7 @@ def test_the_memory_check_warns_near_the_limit_and_reports_replay_bytes(capsys):
     run = hetrl.train("dqn", "CartPole-v1", steps=200, learning_starts=100, train_freq=50, gradient_steps=5,
                       batch_size=16, net_arch=[16], eval_episodes=0, num_envs=2, buffer_size=1000, progress=False)
     assert run.result["replay_bytes"] == 1000 * 47   # obs 16 + action 8 + reward 4 + next_obs 16 + 3 flags
+    assert run.result["peak_rss_mb"] > 50 and "gpu_max_memory_allocated_mb" not in run.result   # torch alone
 
 
 def test_an_unwritable_out_is_refused_before_any_profiling(capsys):

@@ -198,3 +198,32 @@ def test_the_default_layout_never_adds_envs(num_envs, cores):
     lay = layout(make_config("dqn", "CartPole-v1", {"num_envs": num_envs}), cores)
     assert lay.actors * lay.envs_per_actor == num_envs
     assert lay.actors <= default_actors(cores)
+
+
+def test_a_runs_measured_learner_time_calibrates_the_next_prediction(cached, tmp_path):
+    """A planned run writes its seconds per gradient step back into the cached profile; the next
+    plan predicts with it, and result.json says which figure the prediction used."""
+    import hetrl
+    from hetrl.api import auto_plan
+    from hetrl.planner.profile import ProfileTable, calibrate
+
+    settings = dict(steps=1200, learning_starts=200, train_freq=4, gradient_steps=4, batch_size=32, net_arch=[32],
+                    eval_episodes=0, threads=1)
+    cfg = make_config("dqn", "CartPole-v1", settings)
+    cached(cfg, env_step_s=3e-3, learn_s={"cpu": 1e-6})      # a profile far faster than this machine
+    _, before = auto_plan(cfg, {}, quiet=True)
+    assert before["plan"]["profile"]["learner_calibration"] is None
+    run = hetrl.train("dqn", "CartPole-v1", out=tmp_path / "r", progress=False, **settings)
+    assert "calibration" not in run.result          # 1e-6 s: a factor beyond any drift is not kept
+    path = cache_path(cfg, machine_info())
+    cached(cfg, env_step_s=20e-6, learn_s={"cpu": 2e-3})     # a learner-bound profile
+    _, before = auto_plan(cfg, {}, quiet=True)
+    raw = ProfileTable.load(path).learn_step("cpu", 32, 1, 4)
+    entry = calibrate(path, "cpu", 32, 1, 4, learner_s=3 * raw * 1_000_000, gradient_steps=1_000_000, run="synthetic")
+    assert entry["factor"] == pytest.approx(3.0)
+    t = ProfileTable.load(path)
+    assert t.learn_step("cpu", 32, 1, 4) == pytest.approx(3 * t.learn_step("cpu", 32, 1, 4, calibrated=False))
+    _, after = auto_plan(cfg, {}, quiet=True)
+    assert after["plan"]["profile"]["learner_calibration"]["factor"] == pytest.approx(3.0)
+    assert after["predicted_env_steps_per_s"] < 0.5 * before["predicted_env_steps_per_s"]
+    assert calibrate(path, "cpu", 32, 1, 4, learner_s=0.1, gradient_steps=50) is None   # too short to say

@@ -233,10 +233,19 @@ class ProfileTable:
         t = max([x for x in ts if x <= threads] or [ts[0]])
         return _interp(self._pts("learn", device, str(t)), batch)
 
-    def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1) -> float:
+    def calibration(self, device: str) -> dict | None:
+        """The last run's correction of the learner's profiled time on `device` (see calibrate())."""
+        return self.data.get("calibration", {}).get("learn", {}).get(device)
+
+    def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1, calibrated: bool = True) -> float:
         """Seconds per gradient step when ``learn`` gets k steps per call: the grouped figure
         profiled at this thread count (the nearest profiled k), else the single-step figure
-        scaled by the profiled gain of grouping, else the single-step figure."""
+        scaled by the profiled gain of grouping, else the single-step figure; times the factor the
+        last run on this machine measured against it (calibrated=True, see calibrate())."""
+        cal = self.calibration(device) if calibrated else None
+        return self._learn_step(device, batch, threads, k) * (float(cal["factor"]) if cal else 1.0)
+
+    def _learn_step(self, device: str, batch: int, threads: int, k: int) -> float:
         single = self.learn(device, batch, threads)
         g = self.data.get("learn_grouped", {}).get(device)
         if k <= 1 or not g:
@@ -709,6 +718,36 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
 class _NoRapl:
     available = False
     domains: list = []
+
+
+CALIBRATION_MIN_STEPS = 500        # a run must have made this many gradient steps ...
+CALIBRATION_MIN_S = 2.0            # ... over this many learner seconds to correct the profile
+CALIBRATION_RANGE = (0.25, 4.0)    # a factor outside is a different workload, not drift: not kept
+
+
+def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float, learner_s: float,
+              gradient_steps: int, run: str = "") -> dict | None:
+    """Feed a finished run's measured learner time back into its cached profile: the factor between
+    the seconds per gradient step the run measured and the profile's figure for the same device,
+    batch, threads and steps per call. The next plan on this machine predicts with it (this CPU's
+    speed drifts with the load of its neighbours: a profile measured quiet over-predicts a busy day).
+    Returns the calibration entry written, or None when the run was too short to say."""
+    if gradient_steps < CALIBRATION_MIN_STEPS or learner_s < CALIBRATION_MIN_S:
+        return None
+    try:
+        table = ProfileTable.load(Path(path))
+        profiled = table.learn_step(device, batch, threads, max(1, round(k)), calibrated=False)
+    except (ValueError, KeyError, OSError):
+        return None
+    measured = learner_s / gradient_steps
+    factor = measured / profiled if profiled > 0 else 0.0
+    if not CALIBRATION_RANGE[0] <= factor <= CALIBRATION_RANGE[1]:
+        return None
+    entry = {"factor": round(factor, 4), "measured_step_s": measured, "profiled_step_s": profiled,
+             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run}
+    table.data.setdefault("calibration", {}).setdefault("learn", {})[device] = entry
+    table.save(Path(path))
+    return entry
 
 
 def load_or_profile(cfg, refresh: bool = False, quick: bool = False, progress: Callable[[str], None] | None = None,

@@ -371,5 +371,7 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                       pins, notes, len(plans),
                       {"path": str(table.path) if table.path else None, "from_cache": table.from_cache,
                        "machine_id": table.data.get("machine_id"), "created": table.data.get("created"),
-                       "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {})},
+                       "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {}),
+                       # the learner figure the prediction used: profiled x the last run's factor
+                       "learner_calibration": table.calibration(best.plan.learner_device)},
                       table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)

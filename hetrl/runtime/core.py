@@ -61,6 +61,18 @@ def setup_process(seed: int, threads: int) -> None:
     torch.set_flush_denormal(True)
 
 
+def peak_memory(device: torch.device) -> dict:
+    """Peak memory so far: the learner process's RSS, the largest RSS of its finished child processes
+    (local actors that were joined), and the GPU's max_memory_allocated when the learner is on one."""
+    import resource
+
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["gpu_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
 @dataclass
 class Counters:
     env_steps: int = 0
@@ -254,6 +266,7 @@ class LearnerCore:
                "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
                "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures()}
+        out.update(peak_memory(self.device))
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
             out["env_steps_per_s_learning"] = (c.env_steps - self.learn_mark[1]) / (wall - self.learn_mark[0])
