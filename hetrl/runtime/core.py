@@ -189,6 +189,15 @@ class LearnerCore:
         a chunk (whole vector steps), or exactly what the run still needs."""
         return max(0, min(lay.chunk, self.cfg.steps - self.c.env_steps - reserved))
 
+    def may_grant(self, rule, reserved: int, drawn: int, n: int) -> bool:
+        """Whether an actor may be given `n` more env steps (`reserved` granted, not yet in; `drawn`
+        transitions sampled): the rate limiter's insert side, applied when the chunk is granted so
+        that a granted chunk is never held on its way in. The learner may wait for the oldest chunk
+        in flight (max_policy_lag); were that chunk held until the learner samples, both would wait."""
+        if not self.cfg.rate_limit:
+            return True
+        return rule.can_insert(self.c.env_steps + reserved, drawn, n)
+
     def owed(self, lay, drawn: int) -> float:
         """Transitions the learner may still draw in this run: the preset's replay ratio over the
         whole run (sampling starts after lay.min_size env steps)."""

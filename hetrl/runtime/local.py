@@ -240,11 +240,6 @@ class LocalSchedule(Schedule):
         return True
 
     # rate limiter -----------------------------------------------------------------------------------
-    def _may_insert(self, n: int) -> bool:
-        if not self.cfg.rate_limit:
-            return True
-        return self.rule.can_insert(self.c.env_steps + self._reserved, self.c.samples, n)
-
     def _allowed_group(self) -> int:
         """How many gradient steps (batches) may be drawn now."""
         c, B = self.c, self.cfg.batch_size
@@ -282,7 +277,7 @@ class LocalSchedule(Schedule):
                 if half in h.outstanding or (lockstep and h.outstanding):
                     continue
                 n = self.core.grant_size(self.lay, self._reserved)
-                if n == 0 or not self._may_insert(n):
+                if n == 0 or not self.core.may_grant(self.rule, self._reserved, self.c.samples, n):
                     return
                 # the algorithm's exploration at the global step count of each vector step
                 table = self.core.exploration(self.c.env_steps + self._reserved, n, self.lay.envs_per_actor)

@@ -29,6 +29,7 @@ import torch
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
+from hetrl.replay.rate_limiter import RatioRule
 from hetrl.replay.server import ReplayServer, ShardedReplay
 from hetrl.runtime.core import LearnerCore, Restarts, Schedule
 from hetrl.runtime.layout import layout
@@ -127,6 +128,7 @@ class RaySchedule(Schedule):
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads)
         self.core.max_lag = lay.max_lag
+        self.rule = RatioRule.from_error_buffer(lay.spi, lay.min_size, lay.error_buffer)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, transitions) of a sample request in flight
@@ -170,10 +172,14 @@ class RaySchedule(Schedule):
         where = NodeAffinitySchedulingStrategy(node_id=here, soft=True)
         per = -(-cfg.buffer_size // S)
         min_size = max(1, -(-lay.min_size // S))
+        # the servers hold the sampler to the ratio; this schedule's own actors are held at the grant
+        # (core.may_grant), so an insert already collected is never kept waiting on the learner
+        eb = max(lay.error_buffer / S, 2 * max(1.0, lay.spi))
+        error_buffer = (lay.spi * min_size - eb, float("inf"))
         self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
             per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
             seed=cfg.seed + 7 * i, samples_per_insert=lay.spi, min_size=min_size,
-            error_buffer=max(lay.error_buffer / S, 2 * max(1.0, lay.spi)), rate_limit=cfg.rate_limit,
+            error_buffer=error_buffer, rate_limit=cfg.rate_limit,
             check_finite=cfg.check_finite)
             for i in range(S)]
         self.replay = ShardedReplay(self.servers)
@@ -243,7 +249,7 @@ class RaySchedule(Schedule):
         for s in self.slots:
             while len(s.calls) < IN_FLIGHT:
                 n = self.core.grant_size(lay, self._reserved)
-                if n <= 0:
+                if n <= 0 or not self.core.may_grant(self.rule, self._reserved, self._requested, n):
                     return
                 table = self.core.exploration(self.c.env_steps + self._reserved, n, m)
                 ref = s.handle.collect.remote(n, table, self.params)
