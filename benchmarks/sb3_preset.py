@@ -10,8 +10,9 @@ Used by bench_sb3.py, bench_local.py and bench_learning.py. Needs `pip install s
 from __future__ import annotations
 
 
-def sb3_model(cfg, env: str, verbose: int = 0):
-    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac) with cfg's hyperparameters on `env`."""
+def sb3_model(cfg, env: str, verbose: int = 0, **sb3_kwargs):
+    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac) with cfg's hyperparameters on `env`;
+    `sb3_kwargs` go to the model's constructor as they are (e.g. device="cpu": SB3's default is "auto")."""
     import numpy as np
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
@@ -19,7 +20,7 @@ def sb3_model(cfg, env: str, verbose: int = 0):
     common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
                   batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
                   gradient_steps=cfg.gradient_steps, policy_kwargs=dict(net_arch=cfg.net_arch), seed=cfg.seed,
-                  verbose=verbose)
+                  verbose=verbose, **sb3_kwargs)
     if cfg.algo == "dqn":
         return sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval, tau=cfg.tau,
                        exploration_fraction=cfg.exploration_fraction,

@@ -441,6 +441,56 @@ def _link(copy_small: Callable, copy_big: Callable, big_bytes: int, cap: float, 
             "spread": max(t_small.spread, t_big.spread)}
 
 
+def sync_of(dev: str) -> Callable[[], object] | None:
+    """What makes a round's asynchronous device work count: torch.cuda.synchronize on a GPU."""
+    if not dev.startswith("cuda"):
+        return None
+    import torch
+
+    return lambda: torch.cuda.synchronize(dev)
+
+
+def synthetic_batch(spec: dict, act_space, B: int, K: int, dev: str) -> tuple[dict, Any]:
+    """K stacked batches of B synthetic transitions of the replay spec ``spec`` on ``dev``, and
+    their importance weights (ones): what the profile times the learner on."""
+    import torch
+
+    from hetrl.replay.storage import torch_dtype
+
+    out = {}
+    for name, (shape, dt) in spec.items():
+        full = (K, B, *shape)
+        if name in ("obs", "next_obs", "reward"):
+            v = torch.randn(full)
+        elif name == "action":
+            v = (torch.randint(0, int(act_space.n), full) if hasattr(act_space, "n")
+                 else torch.rand(full) * 2 - 1)
+        elif name == "terminated":
+            v = torch.rand(full) < 0.02
+        elif name == "truncated":
+            v = torch.zeros(full, dtype=torch.bool)
+        else:
+            v = torch.ones(full, dtype=torch_dtype(dt))
+        out[name] = v.to(dev, torch_dtype(dt))
+    return out, torch.ones(K, B, device=dev)
+
+
+def learn_timing(algo, batch: dict, wts, dev: str, steps: int = 1, *, cap_s: float, tol: float = 0.05,
+                 threads: int = 1, one: dict | None = None, **measure_kw) -> Timing:
+    """Seconds per gradient step of ``algo.learn(batch, wts)`` (``steps`` per call) on ``dev``: on
+    the CPU in CPU time of the process, on a GPU in wall time with a synchronize per round; with
+    ``threads`` > 1 CPU threads: the 1-thread figure ``one`` x the t / 1-thread wall-time ratio."""
+    if one is None:
+        kw = {"tol": tol, **measure_kw}
+        if dev == "cpu":
+            kw["clock"] = time.process_time
+        t = measure(lambda: algo.learn(batch, wts), cap_s=cap_s, sync=sync_of(dev), **kw)
+        t.s /= steps
+        return t
+    r = measure_threads(lambda: algo.learn(batch, wts), threads, tol=tol, cap_s=cap_s)
+    return Timing(one["s"] * r.s, r.spread, r.rounds, r.calls, r.stable)
+
+
 def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
                 cap_s: float = 2.0, tol: float = 0.05, progress: Callable[[str], None] | None = None,
                 measure_power: bool = True, ipc: bool = True) -> ProfileTable:
@@ -456,7 +506,6 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     from hetrl.planner.power import device_power
     from hetrl.replay import ReplayBuffer
     from hetrl.replay.sampler import UniformSampler
-    from hetrl.replay.storage import torch_dtype
     from hetrl.runtime.params import InProcessParameterStore
 
     say = progress or (lambda msg: None)
@@ -501,9 +550,6 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     }
     rng = np.random.default_rng(0)
 
-    def sync_of(dev):
-        return (lambda: torch.cuda.synchronize(dev)) if dev.startswith("cuda") else None
-
     try:
         torch.set_num_threads(1)  # actors run one torch thread each
         base = type(cfg)(**{**cfg.to_dict()})
@@ -536,34 +582,12 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 data["infer"][dev][str(w)] = measure(lambda: policy.act(obs, 0.1), cap_s=budget.cap(),
                                                      sync=sync_of(dev), **kw_of(dev)).to_json()
 
-        # -- learner
+        # -- learner (synthetic_batch and learn_timing below: the check in benchmarks/gpu_check.py times with them too)
         def synth(B: int, K: int, dev: str) -> tuple[dict, torch.Tensor]:
-            out = {}
-            for name, (shape, dt) in spec.items():
-                full = (K, B, *shape)
-                if name in ("obs", "next_obs", "reward"):
-                    v = torch.randn(full)
-                elif name == "action":
-                    v = (torch.randint(0, int(act_space.n), full) if hasattr(act_space, "n")
-                         else torch.rand(full) * 2 - 1)
-                elif name == "terminated":
-                    v = torch.rand(full) < 0.02
-                elif name == "truncated":
-                    v = torch.zeros(full, dtype=torch.bool)
-                else:
-                    v = torch.ones(full, dtype=torch_dtype(dt))
-                out[name] = v.to(dev, torch_dtype(dt))
-            return out, torch.ones(K, B, device=dev)
+            return synthetic_batch(spec, act_space, B, K, dev)
 
         def timed_learn(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
-            """Seconds per gradient step of ``algo.learn`` (``steps`` per call) on ``dev``; with
-            t > 1 CPU threads: the 1-thread figure ``one`` x the t / 1-thread wall-time ratio."""
-            if one is None:
-                t = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), sync=sync_of(dev), **kw_of(dev))
-                t.s /= steps
-                return t
-            r = measure_threads(lambda: algo.learn(batch, wts), th, tol=tol, cap_s=budget.cap())
-            return Timing(one["s"] * r.s, r.spread, r.rounds, r.calls, r.stable)
+            return learn_timing(algo, batch, wts, dev, steps, cap_s=budget.cap(), threads=th, one=one, **mkw)
 
         # the CPU learner's kernel: the public path or the hand-derived fast path (algos/fastpath.py),
         # whichever measures faster here; every learner figure below is of the chosen one
