@@ -106,6 +106,7 @@ def _slug(s: str) -> str:
 
 def network_key(cfg) -> str:
     key = "x".join(str(h) for h in cfg.net_arch)
+    key += f"-stack{cfg.frame_stack}" if cfg.frame_stack > 1 else ""   # another input (and CNN) shape
     if cfg.algo == "dqn":
         key += "-dueling" if cfg.dueling else ""
         key += "-double" if cfg.double else ""
@@ -451,7 +452,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     import torch
 
     from hetrl.actors import ActorSpec, probe_spaces
-    from hetrl.actors.envs import make_vector_env
+    from hetrl.actors.envs import make_vector_env, prepare_env
     from hetrl.algos import make_algorithm, replay_spec
     from hetrl.planner.power import device_power
     from hetrl.replay import ReplayBuffer
@@ -472,7 +473,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         mkw_quick = {"min_rounds": 4, "window": 3, "min_round_s": 0.003}
     else:
         mkw_quick = {}
-    obs_space, act_space = probe_spaces(cfg.env)
+    env = prepare_env(cfg.env, cfg)   # the env the run trains on (Atari preprocessing, frame_stack)
+    obs_space, act_space = probe_spaces(env)
     spec = replay_spec(obs_space, act_space)
     bpt = int(sum(int(np.prod(s)) * np.dtype(dt).itemsize for s, dt in spec.values()))
     W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
@@ -512,13 +514,13 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         # -- envs and actors
         for w in W:
             say(f"env step, {w} env(s)")
-            venv = make_vector_env(cfg.env, w, 0, cfg.env_backend)
+            venv = make_vector_env(env, w, 0, cfg.env_backend)
             acts = [venv.action_space.sample() for _ in range(64)]
             it = iter(range(1 << 62))
             data["env"][str(w)] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu).to_json()
             venv.close()
             say(f"actor step (env + inference + n-step), {w} env(s)")
-            actor = ActorSpec(cfg.env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
+            actor = ActorSpec(env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
                               cfg.env_backend).build()
 
             def step_actor(actor=actor, w=w):

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
-from hetrl.actors.envs import EnvSpec
+from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
@@ -98,12 +98,13 @@ class LearnerCore:
     """The learner side of a run: set up once per run by its schedule, in the learner's process."""
 
     def __init__(self, cfg: Config, env: EnvSpec, threads: int):
-        self.cfg, self.env = cfg, env
+        self.cfg = cfg
+        self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         setup_process(cfg.seed, threads)
         # a learner of several threads drops to the cores other work leaves it, during the run
         self.governor = ThreadGovernor(max(1, threads))
         self.device = resolve_device(cfg.device)
-        self.obs_space, self.act_space = probe_spaces(env)
+        self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(self.obs_space, self.act_space)
         # before any storage, staging or GPU buffer is allocated: refuse a replay the device cannot hold

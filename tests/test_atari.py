@@ -1,0 +1,133 @@
+"""Atari: the preprocessing (SB3's AtariWrapper + frame stack), the missing-extra message.
+
+The reference arrays (tests/data/atari_sb3_reference.npz) are what Stable-Baselines3's AtariWrapper
+returned on fixed seeds and actions (tests/data/make_atari_reference.py writes them); the
+comparisons are exact (pixels, clipped rewards, life-loss ends).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetrl.actors.envs import make_env, prepare_env
+from hetrl.config import make_config
+from hetrl.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_ale = pytest.mark.skipif(__import__("importlib").util.find_spec("ale_py") is None,
+                               reason="ale-py is not installed (pip install -e '.[atari]')")
+
+
+def atari_env(game: str, train: bool = True, **settings):
+    cfg = make_config("dqn", game, {"frame_stack": 4, **settings})
+    return make_env(prepare_env(game, cfg, train=train))
+
+
+# ---- the preprocessing ------------------------------------------------------------------------------
+@needs_ale
+def test_preprocessed_observations_are_four_stacked_84x84_uint8_frames_zero_padded():
+    env = atari_env("ALE/Pong-v5")
+    assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert not obs[:3].any() and obs[3].any()          # an episode's first stack: zeros, then its frame
+    nxt = env.step(0)[0]
+    assert np.array_equal(nxt[:3], obs[1:]) and nxt[3].any()   # the stack rolls by one frame
+    env.close()
+
+
+@needs_ale
+@pytest.mark.parametrize("game", ["Breakout", "Pong"])
+def test_frames_rewards_and_ends_equal_stable_baselines3_atari_wrapper(game):
+    """Noop reset (same RNG draw), skip 4 with a max over the last two frames, 84x84 grayscale, episodic
+    life, FIRE on reset, clipped rewards: pixel for pixel what SB3's AtariWrapper gave."""
+    ref = np.load(ROOT / "tests" / "data" / "atari_sb3_reference.npz")
+    frames, rewards = ref[f"{game}-v5:frames"], ref[f"{game}-v5:rewards"]
+    terms, truncs, actions = ref[f"{game}-v5:terminated"], ref[f"{game}-v5:truncated"], ref[f"{game}-v5:actions"]
+    resets = iter(ref[f"{game}-v5:resets"])
+    env = atari_env(f"ALE/{game}-v5", atari_sticky_actions="0")
+    obs, _ = env.reset(seed=int(ref["seed"]))
+    assert np.array_equal(obs[-1], frames[0])
+    for t, a in enumerate(actions):
+        obs, r, term, trunc, _ = env.step(int(a))
+        assert np.array_equal(obs[-1], frames[t + 1]), f"frame of step {t}"
+        assert (r, term, trunc) == (rewards[t], terms[t], truncs[t]), f"step {t}"
+        if term or trunc:
+            obs, _ = env.reset()
+            assert np.array_equal(obs[-1], next(resets)) and not obs[:3].any()
+    if game == "Breakout":
+        assert terms.sum() >= 3   # the reference covers life losses (and the FIRE after each)
+    env.close()
+
+
+@needs_ale
+def test_training_ends_episodes_at_a_lost_life_and_clips_rewards_evaluation_plays_whole_games_raw():
+    """Same seed, same actions: the evaluation env plays the game the training env plays (its lost
+    lives continue with the steps training's reset takes), with the raw rewards training clips."""
+    game = "ALE/SpaceInvaders-v5"   # rewards 5..30 points, 3 lives, FIRE
+    train, ev = atari_env(game, train=True), atari_env(game, train=False)
+    o_train, _ = train.reset(seed=1)
+    o_eval, _ = ev.reset(seed=1)
+    assert np.array_equal(o_train, o_eval)
+    rng = np.random.default_rng(0)
+    raw, lives_lost, game_over = [], 0, False
+    for _ in range(5000):
+        a = int(rng.integers(0, train.action_space.n))
+        o_train, r_train, term_t, trunc_t, _ = train.step(a)
+        o_eval, r_eval, term_e, trunc_e, _ = ev.step(a)
+        assert r_train == np.sign(r_eval) and r_train in (-1.0, 0.0, 1.0)
+        raw.append(r_eval)
+        if term_e or trunc_e:        # evaluation: only the whole game ends an episode
+            assert term_t and ev.unwrapped.ale.lives() == 0
+            game_over = True
+            break
+        if term_t:                   # training: a lost life ends the episode ...
+            lives_lost += 1
+            o_train, _ = train.reset()   # ... and the game goes on: the state evaluation continued in
+        assert np.array_equal(o_train[-1], o_eval[-1])
+    assert game_over and lives_lost == 2 and max(raw) > 1
+    train.close()
+    ev.close()
+
+
+@needs_ale
+def test_switches_turn_the_parts_off():
+    env = atari_env("ALE/Breakout-v5", frame_stack=1, atari_screen_size=64, atari_episodic_life=False,
+                    atari_fire_reset=False, atari_clip_reward=False, atari_noop_max=0, atari_sticky_actions="0.1")
+    assert env.observation_space.shape == (64, 64)
+    names = []
+    e = env
+    while hasattr(e, "env"):
+        names.append(type(e).__name__)
+        e = e.env
+    assert "AtariLives" not in names and "TransformReward" not in names and "FrameStackObservation" not in names
+    assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.1)
+    assert atari_env("ALE/Breakout-v5").unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)  # v5's own
+    env.close()
+
+
+def test_atari_settings_are_checked():
+    with pytest.raises(UsageError, match="atari_sticky_actions"):
+        make_config("dqn", "ALE/Pong-v5", {"atari_sticky_actions": "1.5"})
+    with pytest.raises(UsageError, match="frame_stack must be positive"):
+        make_config("dqn", "ALE/Pong-v5", {"frame_stack": 0})
+
+
+# ---- a missing extra -----------------------------------------------------------------------------------
+def test_missing_ale_py_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)   # `import ale_py` raises ImportError
+    with pytest.raises(UsageError, match=r"pip install 'hetrl\[atari\]'"):
+        make_env("ALE/Pong-v5")
+
+
+def test_missing_ale_py_in_the_cli_is_one_line_exit_2():
+    code = ("import sys; sys.modules['ale_py'] = None\n"
+            "from hetrl.cli import main; sys.exit(main(['train', 'dqn', '--env', 'ALE/Pong-v5', '--steps', '100']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "pip install -e '.[atari]'" in p.stderr, p.stderr
