@@ -131,3 +131,92 @@ def test_missing_ale_py_in_the_cli_is_one_line_exit_2():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "pip install -e '.[atari]'" in p.stderr, p.stderr
+
+
+# ---- networks from the observation ---------------------------------------------------------------------
+def _dqn(obs_space, n_actions=6, **settings):
+    import gymnasium as gym
+
+    from hetrl.algos import make_algorithm
+
+    cfg = make_config("dqn", "ALE/Pong-v5", {"net_arch": [], **settings})
+    return make_algorithm(cfg, obs_space, gym.spaces.Discrete(n_actions))
+
+
+def _pixels(shape=(4, 84, 84)):
+    import gymnasium as gym
+
+    return gym.spaces.Box(0, 255, shape, np.uint8)
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_pixel_observations_get_the_nature_cnn_scaled_inside(dueling):
+    import torch
+    from torch import nn
+
+    algo = _dqn(_pixels(), dueling=dueling)
+    q = algo.q
+    convs = [m for m in q.features.cnn if isinstance(m, nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in convs] == \
+        [(4, 32, (8, 8), (4, 4)), (32, 64, (4, 4), (2, 2)), (64, 64, (3, 3), (1, 1))]
+    assert q.features.linear[0].in_features == 3136 and q.features.linear[0].out_features == 512
+    head = [q.value, q.advantage] if dueling else [q.q[-1]]
+    assert [m.out_features for m in head] == ([1, 6] if dueling else [6]) and head[0].in_features == 512
+    x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    out = q(x)
+    assert out.shape == (3, 6) and out.dtype == torch.float32
+    feats = q.features.linear(q.features.cnn(x.float() / 255.0))   # [0, 1] inputs inside the network
+    assert torch.allclose(q.features(x), feats)
+    assert torch.allclose(q(x.float()), out)                       # float pixels in [0, 255]: the same
+    assert q(x[None]).shape == (1, 3, 6)                           # any leading axes (K, B, ...)
+
+
+def test_pixel_replay_stays_uint8_and_vector_replay_float32():
+    import gymnasium as gym
+
+    from hetrl.algos import replay_spec
+
+    assert replay_spec(_pixels(), gym.spaces.Discrete(4))["obs"] == ((4, 84, 84), "uint8")
+    assert replay_spec(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))["next_obs"] == ((4,), "float32")
+    vec_uint8 = gym.spaces.Box(0, 255, (128,), np.uint8)   # e.g. ALE RAM: an MLP, float32 replay
+    assert replay_spec(vec_uint8, gym.spaces.Discrete(2))["obs"] == ((128,), "float32")
+
+
+def test_cnn_learns_through_the_public_path_and_the_fast_path_declines_it():
+    import torch
+
+    from hetrl.algos import fastpath
+
+    algo = _dqn(_pixels(), fastpath=True)
+    assert algo.pixels and algo.fast is None and fastpath.for_algorithm(algo) is None
+    K, B = 2, 5
+    batch = {"obs": torch.randint(0, 256, (K, B, 4, 84, 84), dtype=torch.uint8),
+             "next_obs": torch.randint(0, 256, (K, B, 4, 84, 84), dtype=torch.uint8),
+             "action": torch.randint(0, 6, (K, B)), "reward": torch.randn(K, B),
+             "terminated": torch.zeros(K, B, dtype=torch.bool), "steps": torch.ones(K, B, dtype=torch.uint8)}
+    before = [p.detach().clone() for p in algo.q.parameters()]
+    td = algo.learn(batch, torch.ones(K, B))
+    assert td.shape == (K, B) and bool(torch.isfinite(td).all())
+    assert any(not torch.equal(a, b) for a, b in zip(before, algo.q.parameters()))
+    policy = algo.make_policy(seed=0)
+    a, _ = policy.act(np.zeros((3, 4, 84, 84), np.uint8), 0.0)
+    assert a.shape == (3,) and policy.act_deterministic(np.zeros((1, 4, 84, 84), np.float32)).shape == (1,)
+
+
+def test_channels_last_rgb_and_too_small_images():
+    assert _dqn(_pixels((96, 96, 3)), n_actions=3).q(
+        __import__("torch").zeros(2, 96, 96, 3, dtype=__import__("torch").uint8)).shape == (2, 3)
+    with pytest.raises(UsageError, match="too small for the Nature CNN"):
+        _dqn(_pixels((4, 32, 32)))
+
+
+def test_continuous_algorithms_refuse_atari():
+    import gymnasium as gym
+
+    from hetrl.algos import check_spaces
+
+    for algo in ("ddpg", "td3", "sac"):
+        with pytest.raises(UsageError, match="discrete"):
+            check_spaces(algo, _pixels(), gym.spaces.Discrete(4))
+        with pytest.raises(UsageError, match="images"):
+            check_spaces(algo, _pixels(), gym.spaces.Box(-1, 1, (2,)))
