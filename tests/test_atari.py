@@ -220,3 +220,40 @@ def test_continuous_algorithms_refuse_atari():
             check_spaces(algo, _pixels(), gym.spaces.Discrete(4))
         with pytest.raises(UsageError, match="images"):
             check_spaces(algo, _pixels(), gym.spaces.Box(-1, 1, (2,)))
+
+
+# ---- the preset ------------------------------------------------------------------------------------------
+ZOO_ATARI = {"steps": 10_000_000, "net_arch": [], "lr": 1e-4, "batch_size": 32, "buffer_size": 100_000,
+             "learning_starts": 100_000, "target_update_interval": 1000, "train_freq": 4, "gradient_steps": 1,
+             "exploration_fraction": 0.1, "exploration_final_eps": 0.01, "frame_stack": 4, "gamma": 0.99}
+
+
+@pytest.mark.parametrize("env", ["ALE/Breakout-v5", "ALE/Pong-v5", "SpaceInvadersNoFrameskip-v4",
+                                 "ale_py:ALE/Qbert-v5"])
+def test_every_atari_id_gets_the_zoo_atari_preset(env):
+    cfg = make_config("dqn", env)
+    assert {k: getattr(cfg, k) for k in ZOO_ATARI} == ZOO_ATARI
+    assert cfg.exploration_initial_eps == 1.0 and cfg.tau == 1.0 and cfg.max_grad_norm == 10.0  # SB3's DQN
+    assert make_config("dqn", env, {"lr": 3e-4}).lr == 3e-4                                   # overrides win
+    assert make_config("dqn", "ALE/Breakout-ram-v5").frame_stack == 1        # RAM: a vector env, no preset
+    assert make_config("dqn", "CartPole-v1").frame_stack == 1
+
+
+def test_settings_shows_the_atari_preset(capsys):
+    from hetrl.cli import main
+
+    assert main(["settings", "dqn", "--env", "ALE/Breakout-v5"]) == 0
+    rows = dict((line.split(None, 1) + [""])[:2] for line in capsys.readouterr().out.splitlines())
+    assert rows["steps"] == "10000000" and rows["lr"] == "0.0001" and rows["buffer_size"] == "100000"
+    assert rows["learning_starts"] == "100000" and rows["frame_stack"] == "4" and rows["net_arch"] == "[]"
+    assert rows["exploration_final_eps"] == "0.01" and rows["target_update_interval"] == "1000"
+
+
+@needs_ale
+@pytest.mark.parametrize("algo", ["ddpg", "td3", "sac"])
+def test_continuous_algorithms_on_atari_get_the_discrete_action_error(algo, capsys):
+    from hetrl.cli import main
+
+    assert main(["train", algo, "--env", "ALE/Pong-v5", "--steps", "100", "--plan", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "continuous (Box) action space" in err and "use dqn" in err, err
