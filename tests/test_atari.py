@@ -257,3 +257,56 @@ def test_continuous_algorithms_on_atari_get_the_discrete_action_error(algo, caps
     assert main(["train", algo, "--env", "ALE/Pong-v5", "--steps", "100", "--plan", "none"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "continuous (Box) action space" in err and "use dqn" in err, err
+
+
+# ---- short runs (not learning tests: Atari does not learn in minutes on a CPU) ---------------------------
+TINY_ATARI = dict(steps=600, learning_starts=200, buffer_size=1000, train_freq=4, gradient_steps=1, threads=1,
+                  progress=False)
+
+
+@needs_ale
+@pytest.mark.parametrize("schedule", ["inline", "local"])
+def test_a_short_atari_run_completes_and_writes_result_json(schedule, tmp_path):
+    import json
+
+    import hetrl
+    from hetrl.replay import FrameStorage
+    from hetrl.replay.memory import arrays_bytes
+
+    evaluate = schedule == "inline"   # one whole game of Pong, raw score (-21..21)
+    run = hetrl.train("dqn", "ALE/Pong-v5", schedule=schedule, out=tmp_path, eval_episodes=1 if evaluate else 0,
+                      keep_best=False, **TINY_ATARI)
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["env_steps"] == 600 and r["gradient_steps"] >= 95 and r["schedule"] == schedule
+    storage = run.schedule.replay.storage
+    assert isinstance(storage, FrameStorage) and len(storage) == 600 and storage.frames_used <= 601
+    spec = run.schedule.core.spec
+    assert spec["obs"] == ((4, 84, 84), "uint8")
+    assert r["replay_bytes"] == arrays_bytes(FrameStorage.layout(1000, spec)) < 10_000_000   # vs 56.5 MB in full
+    if evaluate:
+        assert r["eval_return_mean"] == int(r["eval_return_mean"]) and -21 <= r["eval_return_mean"] <= 21
+        assert r["eval_length_mean"] > 200   # a whole game, not a point
+
+
+@needs_ale
+def test_an_atari_run_with_its_replay_resumes_under_another_schedule(tmp_path):
+    import hetrl
+
+    hetrl.train("dqn", "ALE/Pong-v5", out=tmp_path, save_replay=True, eval_episodes=0, **{**TINY_ATARI, "steps": 400})
+    state = torch_load(tmp_path / "replay.pt")
+    assert state["storage"]["kind"] == "frames" and len(state["storage"]["frames"]) == 401   # each frame once
+    run = hetrl.resume(tmp_path, steps=600, schedule="local", progress=False, evaluate_episodes=0)
+    storage = run.schedule.replay.storage
+    assert run.result["env_steps"] == 600 and len(storage) == 600
+    saved = state["storage"]   # the saved rows came back into the shared ring, stack for stack
+    frames = np.concatenate([np.zeros((1, 84, 84), np.uint8), saved["frames"].numpy()])
+    got = storage.get(np.arange(400))
+    assert np.array_equal(got["obs"].numpy(), frames[saved["refs"][:, :4].numpy()])
+    assert np.array_equal(got["next_obs"].numpy(), frames[saved["refs"][:, 4:].numpy()])
+    assert np.array_equal(got["next_obs"][:, :3].numpy(), got["obs"][:, 1:].numpy())   # one game, no reset
+
+
+def torch_load(path):
+    import torch
+
+    return torch.load(path, weights_only=True)

@@ -456,6 +456,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     from hetrl.algos import make_algorithm, replay_spec
     from hetrl.planner.power import device_power
     from hetrl.replay import ReplayBuffer
+    from hetrl.replay.frames import frames_apply
     from hetrl.replay.sampler import UniformSampler
     from hetrl.replay.storage import torch_dtype
     from hetrl.runtime.params import InProcessParameterStore
@@ -619,7 +620,9 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                                               **kw_of(dev)).to_json()
 
         # -- data storage (per device) and replay manager (sum tree: CPU)
-        capacity = int(min(cfg.buffer_size, 1_000_000))
+        # large transitions (pixels): a ring of ~256 MB measures the same memory-bound copies
+        capacity = int(min(cfg.buffer_size, 1_000_000, max(4096, 2**28 // bpt)))
+        frames = cfg.replay_frames and frames_apply(spec, cfg.frame_stack)   # the storage the run uses
 
         def host_batch(n: int) -> dict:
             out = {}
@@ -629,10 +632,14 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 else:
                     out[name] = rng.standard_normal((n, *shape)).astype(dt) if np.dtype(dt).kind == "f" \
                         else rng.integers(0, 2, (n, *shape)).astype(dt)
+            if frames:  # one env's consecutive stacks, as the frame storage sees them
+                K, seq = spec["obs"][0][0], rng.integers(0, 256, (n + spec["obs"][0][0], *spec["obs"][0][1:]), np.uint8)
+                win = np.lib.stride_tricks.sliding_window_view(seq, K, axis=0).transpose(0, 3, 1, 2)
+                out["obs"], out["next_obs"] = win[:n].copy(), win[1:n + 1].copy()
             return out
 
         for dev in devices:
-            rb = ReplayBuffer(capacity, spec, dev, prioritized=False, seed=0)
+            rb = ReplayBuffer(capacity, spec, dev, prioritized=False, seed=0, frames=frames)
             for s in range(0, capacity, 65536):
                 rb.insert(host_batch(min(65536, capacity - s)))
             data["ds_insert"][dev], data["ds_gather"][dev] = {}, {}
