@@ -111,6 +111,23 @@ def test_switches_turn_the_parts_off():
     env.close()
 
 
+@needs_ale
+def test_the_training_log_counts_whole_games_with_their_raw_score():
+    """Training episodes end at every lost life with clipped rewards; what an actor logs is the game."""
+    from hetrl.actors import Actor
+
+    cfg = make_config("dqn", "ALE/Breakout-v5", {"atari_sticky_actions": "0"})
+    env = prepare_env("ALE/Breakout-v5", cfg)
+    actor = Actor(env, 2, seed=0, policy=_dqn(_pixels(), n_actions=4).make_policy(seed=0))
+    lives_ended = 0
+    while not actor.episodes:
+        batch = actor.collect(50, lambda steps: None)   # uniform random actions
+        lives_ended += int(batch["terminated"].sum())
+    (score, length), *_ = actor.episodes
+    assert lives_ended >= 5 and length > 50 and score == int(score) >= 0   # 5 lives, one game
+    actor.close()
+
+
 def test_atari_settings_are_checked():
     with pytest.raises(UsageError, match="atari_sticky_actions"):
         make_config("dqn", "ALE/Pong-v5", {"atari_sticky_actions": "1.5"})
