@@ -128,6 +128,18 @@ def test_the_training_log_counts_whole_games_with_their_raw_score():
     actor.close()
 
 
+def test_frame_stack_applies_to_any_env_and_vector_stacks_keep_the_plain_storage(tiny):
+    import hetrl
+    from hetrl.replay import Storage
+
+    env = make_env(prepare_env("CartPole-v1", make_config("dqn", "CartPole-v1", {"frame_stack": 3})))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (3, 4) and not obs[:2].any() and obs[2].any()
+    run = hetrl.train("dqn", "CartPole-v1", frame_stack=3, progress=False, **tiny)
+    assert isinstance(run.schedule.replay.storage, Storage) and run.schedule.core.spec["obs"] == ((3, 4), "float32")
+    env.close()
+
+
 def test_atari_settings_are_checked():
     with pytest.raises(UsageError, match="atari_sticky_actions"):
         make_config("dqn", "ALE/Pong-v5", {"atari_sticky_actions": "1.5"})
