@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import hetrl
-from hetrl.actors.envs import EnvSpec, env_name, probe_spaces
+from hetrl.actors.envs import EnvSpec, env_name, prepare_env, probe_spaces
 from hetrl.algos import make_algorithm
 from hetrl.checkpoint import FORMAT, atomic_save, check_out_dir, read_checkpoint, read_replay, write_json
 from hetrl.config import Config, make_config, read_config_file
@@ -50,7 +50,12 @@ class Policy:
         if episodes <= 0:
             raise UsageError(f"episodes must be positive, got {episodes}")
         seed = self.cfg.seed + REPORT_SEED if seed is None else seed
-        return evaluate(self.act, self.env, episodes, seed, video_dir=video_dir)
+        return evaluate(self.act, self.eval_env, episodes, seed, video_dir=video_dir)
+
+    @property
+    def eval_env(self) -> EnvSpec:
+        """The env evaluations play: the training env's wrappers, unclipped rewards, whole games (Atari)."""
+        return prepare_env(self.env, self.cfg, train=False)
 
 
 class Run:
@@ -413,7 +418,7 @@ def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
     algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
     cfg = make_config(algo, env_id, cfgd)
     env = env or env_id
-    obs_space, act_space = probe_spaces(env)
+    obs_space, act_space = probe_spaces(prepare_env(env, cfg))
     learner = make_algorithm(cfg, obs_space, act_space, "cpu")
     learner.load_state_dict(ckpt["algo"])
     best = ckpt.get("best")

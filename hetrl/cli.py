@@ -127,7 +127,7 @@ def cmd_settings(args) -> int:
 
 def cmd_train(args) -> int:
     from hetrl import api
-    from hetrl.actors.envs import probe_spaces
+    from hetrl.actors.envs import prepare_env, probe_spaces
     from hetrl.algos import check_spaces
     from hetrl.checkpoint import check_out_dir
     from hetrl.config import make_config
@@ -155,7 +155,7 @@ def cmd_train(args) -> int:
     if args.seed is not None:
         over["seed"] = args.seed
     cfg = make_config(args.algo, args.env, over)
-    check_spaces(cfg.algo, *probe_spaces(cfg.env))
+    check_spaces(cfg.algo, *probe_spaces(prepare_env(cfg.env, cfg)))
     out = Path(args.out or f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
     check_out_dir(out, args.force)
     planned = None
@@ -245,7 +245,7 @@ def cmd_eval(args) -> int:
     if args.render == "rgb_array":
         from hetrl.actors.envs import make_env
 
-        env = make_env(policy.env, render_mode="rgb_array")
+        env = make_env(policy.eval_env, render_mode="rgb_array")
         obs, _ = env.reset(seed=policy.cfg.seed + 10_000)
         frames, done = [env.render()], False
         while not done:

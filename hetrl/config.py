@@ -34,6 +34,15 @@ class Config:
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
     num_envs: int = 1                   # envs in all: the preset's (rl-zoo's n_envs, 1 where the zoo sets none), never the planner's
     env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
+    frame_stack: int = 1                # observations stacked (gymnasium FrameStackObservation, zero-padded); 1 = none
+    # --- Atari (ALE ids; hetrl/actors/atari.py, docs/atari.md): SB3's AtariWrapper, each part a switch ---
+    atari_noop_max: int = 30            # up to this many no-op steps at reset (0: none)
+    atari_frame_skip: int = 4           # agent steps every K frames, max-pooling the last 2 (1: no skip)
+    atari_screen_size: int = 84         # frames resized to NxN grayscale
+    atari_episodic_life: bool = True    # training: a lost life ends the episode (the game goes on)
+    atari_fire_reset: bool = True       # press FIRE after a reset, in games that wait for it
+    atari_clip_reward: bool = True      # training: rewards clipped to their sign (evaluation: the raw score)
+    atari_sticky_actions: str = "auto"  # repeat_action_probability: auto = the id's default (0.25 for v5), or a number
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
     check_finite: bool = True          # stop at the first NaN/inf in inserted data or in the learner's TD errors
@@ -60,6 +69,7 @@ class Config:
     batch_size: int = 64
     learning_starts: int = 1000
     prioritized: bool = False
+    replay_frames: bool = True          # stacked uint8 frames: each frame stored once (hetrl/replay/frames.py)
     per_alpha: float = 0.6
     per_beta: float = 0.4               # annealed linearly to 1.0 over the run
     n_step: int = 1
@@ -128,9 +138,10 @@ _CHOICES = {
     "env_backend": ("auto", "gymnasium", "envpool"),
 }
 _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step", "policy_delay",
-             "target_update_interval", "publish_interval", "log_interval", "replay_shards")
+             "target_update_interval", "publish_interval", "log_interval", "replay_shards",
+             "frame_stack", "atari_frame_skip", "atari_screen_size")
 _NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval",
-                 "target_policy_noise", "target_noise_clip",
+                 "target_policy_noise", "target_noise_clip", "atari_noop_max",
                  "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
@@ -140,11 +151,21 @@ def load_presets() -> dict[str, dict[str, dict[str, Any]]]:
     return yaml.safe_load(text)
 
 
+def atari_id(env: str) -> bool:
+    """Whether `env` names an Atari game of the ALE with screen observations (ALE/Pong-v5,
+    PongNoFrameskip-v4; not the -ram ids): hetrl preprocesses them (hetrl/actors/atari.py) and
+    gives them the `atari` preset."""
+    base_id = env.split(":")[-1]
+    return (base_id.startswith("ALE/") or base_id.endswith("NoFrameskip-v4")) and "-ram" not in base_id
+
+
 def preset_for(algo: str, env: str) -> dict[str, Any]:
-    """The preset keys for `algo` on `env` (the algo's default entry, overridden by the env's)."""
+    """The preset keys for `algo` on `env`: the algo's default entry, overridden by its `atari` entry
+    for Atari ids, overridden by the env's own."""
     table = load_presets().get(algo, {})
     base_id = env.split(":")[-1]  # 'module:EnvId' form
-    return {**table.get("default", {}), **table.get(base_id, {})}
+    family = table.get("atari", {}) if atari_id(env) else {}
+    return {**table.get("default", {}), **family, **table.get(base_id, {})}
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -274,6 +295,14 @@ def validate(cfg: Config) -> None:
             raise UsageError(f"{key}={value!r} is not {forms}; e.g. --set {key}=auto") from None
         if key == "ent_coef" and number is not None and not (number > 0 and number < float("inf")):
             raise UsageError(f"ent_coef must be auto, auto_X or a number, with X and the number > 0, got {value}")
+    p = cfg.atari_sticky_actions
+    try:
+        ok = p == "auto" or 0.0 <= float(p) <= 1.0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UsageError(f"atari_sticky_actions={p!r} is not auto or a number in [0, 1]; "
+                         "e.g. --set atari_sticky_actions=0.25")
     if cfg.n_step > 255:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):

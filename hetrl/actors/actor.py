@@ -69,6 +69,9 @@ class Actor:
                  n_step: int = 1, gamma: float = 0.99, backend: str = "gymnasium"):
         self.venv = make_vector_env(env, num_envs, seed, backend)
         self.num_envs = num_envs
+        # episodes to log: the env's own statistics of whole games where it keeps them (Atari trains on
+        # lives with clipped rewards), else the returns this actor sums
+        self.games = bool(getattr(env, "reports_games", False))
         self.policy = policy
         self.adder = NStepAdder(n_step, gamma, num_envs)
         self.obs, _ = self.venv.reset(seed=[seed + i for i in range(num_envs)])
@@ -123,8 +126,11 @@ class Actor:
             self._ep_return += reward
             self._ep_len += 1
             if done.any():
+                if self.games:
+                    self._log_games(info)
                 for i in np.flatnonzero(done):
-                    self.episodes.append((float(self._ep_return[i]), int(self._ep_len[i])))
+                    if not self.games:
+                        self.episodes.append((float(self._ep_return[i]), int(self._ep_len[i])))
                 self._ep_return[done] = 0.0
                 self._ep_len[done] = 0
                 self.policy.episode_end(done)
@@ -137,6 +143,14 @@ class Actor:
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
+
+    def _log_games(self, info: dict) -> None:
+        """Whole games that ended in this step, from the env's RecordEpisodeStatistics (raw score)."""
+        final = info.get("final_info") or {}
+        if "episode" not in final:
+            return
+        for i in np.flatnonzero(final["_episode"]):
+            self.episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
 
     def drain_episodes(self) -> list[tuple[float, int]]:
         eps, self.episodes = self.episodes, []

@@ -4,17 +4,24 @@ Vector envs use Gymnasium's SAME_STEP autoreset: when an episode ends, `step` re
 first obs of the next episode and the true last obs in `info["final_obs"]`, so a truncated
 transition can bootstrap from its real next state. EnvPool (C++ vector envs, used when it is
 installed and knows the id) is adapted to the same semantics by `EnvPoolVector`.
+
+`prepare_env(env, cfg, train)` is the env a run trains (or evaluates) on: the id or factory given,
+with the wrappers the run's settings ask for (the Atari preprocessing of ALE ids, hetrl/actors/atari.py;
+frame stacking), as a picklable factory that every schedule builds the same way.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Callable, Union
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
 import gymnasium as gym
 import numpy as np
 
+from hetrl.actors.atari import AtariOptions
+from hetrl.config import atari_id
 from hetrl.errors import UsageError
 
 EnvSpec = Union[str, Callable[[], gym.Env]]
@@ -24,7 +31,52 @@ _EXTRAS = {"mujoco": "mujoco", "box2d": "box2d"}   # gymnasium.envs.<family> -> 
 def env_name(env: EnvSpec) -> str:
     if isinstance(env, str):
         return env
+    if isinstance(env, Prepared):
+        return env_name(env.env)
     return getattr(env, "__name__", type(env).__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An env with the wrappers of a run's settings: a picklable zero-argument factory (an EnvSpec).
+
+    atari: the Atari preprocessing (ALE ids), for training (train=True: episodic life, clipped
+    rewards) or evaluation (whole games, the raw score); frame_stack > 1: the last frames stacked
+    on a new first axis, zero-padded at an episode's start (as SB3's VecFrameStack)."""
+
+    env: EnvSpec
+    atari: Optional[AtariOptions] = None
+    frame_stack: int = 1
+    train: bool = True
+
+    def __call__(self, render_mode: str | None = None) -> gym.Env:
+        from hetrl.actors import atari
+
+        if self.atari is not None:
+            e = make_env(self.env, render_mode, **atari.base_kwargs(self.atari))
+            e = atari.wrap(e, self.atari, self.train)
+        else:
+            e = make_env(self.env, render_mode)
+        if self.frame_stack > 1:
+            e = gym.wrappers.FrameStackObservation(e, self.frame_stack, padding_type="zero")
+        return e
+
+    @property
+    def reports_games(self) -> bool:
+        """Whether its episodes' own statistics (info "episode", the raw score of a whole game) are
+        what to log: Atari's training episodes end at a lost life and see clipped rewards."""
+        return self.atari is not None
+
+
+def prepare_env(env: EnvSpec, cfg, train: bool = True) -> EnvSpec:
+    """The env of a run with settings `cfg` (training or evaluation): `env` itself when no wrapper
+    applies, else a :class:`Prepared` factory."""
+    if isinstance(env, Prepared):
+        env = env.env
+    atari = AtariOptions.from_config(cfg) if isinstance(env, str) and atari_id(env) else None
+    if atari is None and cfg.frame_stack <= 1:
+        return env
+    return Prepared(env, atari, cfg.frame_stack, train)
 
 
 def _import_module_of(env_id: str) -> None:
@@ -37,8 +89,11 @@ def _import_module_of(env_id: str) -> None:
                              f"install it or fix the 'module:EnvId' id") from None
 
 
-def make_env(env: EnvSpec, render_mode: str | None = None) -> gym.Env:
-    """One env from an id or a zero-argument factory; UsageError for unknown ids."""
+def make_env(env: EnvSpec, render_mode: str | None = None, **kwargs) -> gym.Env:
+    """One env from an id or a zero-argument factory; UsageError for unknown ids. `kwargs` go to
+    gymnasium.make (ids only)."""
+    if isinstance(env, Prepared):
+        return env(render_mode)
     if callable(env) and not isinstance(env, str):
         made = env()
         if not isinstance(made, gym.Env):
@@ -47,11 +102,18 @@ def make_env(env: EnvSpec, render_mode: str | None = None) -> gym.Env:
     if not isinstance(env, str):
         raise UsageError(f"env must be an id like 'CartPole-v1' or a factory, got {type(env).__name__}")
     _import_module_of(env)
-    kwargs = {"render_mode": render_mode} if render_mode else {}
+    if atari_id(env):
+        from hetrl.actors import atari
+
+        atari.register()   # ale-py's ids (a one-line UsageError naming the extra when it is missing)
+    if render_mode:
+        kwargs["render_mode"] = render_mode
     try:
         return gym.make(env, **kwargs)
     except (gym.error.DependencyNotInstalled, ImportError) as e:  # an extra is missing (mujoco, box2d)
-        extra = _EXTRAS.get(gym.spec(env.split(":")[-1]).entry_point.split(":")[0].split(".")[2], "")
+        entry = gym.spec(env.split(":")[-1]).entry_point
+        family = entry.split(":")[0].split(".")[2:3] if isinstance(entry, str) else []
+        extra = _EXTRAS.get(family[0], "") if family else ""
         if extra:  # one install command: hetrl's extra (not gymnasium's own hint)
             raise UsageError(f"env {env!r} needs {'MuJoCo' if extra == 'mujoco' else 'Box2D'}, which is not "
                              f"installed; pip install 'hetrl[{extra}]'") from None
@@ -123,6 +185,9 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int, backend: str = "gymn
     """`num_envs` copies stepped in this process with SAME_STEP autoreset, seeded seed, seed+1, ...
     backend: gymnasium (SyncVectorEnv: fastest Python vector here), envpool, or auto (envpool
     when installed and it knows the id)."""
+    if backend == "envpool" and isinstance(env, Prepared):
+        raise UsageError(f"env_backend=envpool: hetrl's wrappers for {env_name(env)!r} (Atari preprocessing, "
+                         "frame_stack) run on Gymnasium envs only; use --set env_backend=gymnasium")
     if backend == "envpool" and not envpool_supports(env):
         raise UsageError(f"env_backend=envpool but EnvPool is not installed or does not know {env_name(env)!r}; "
                          "pip install envpool, or use --set env_backend=gymnasium")

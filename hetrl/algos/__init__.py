@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from hetrl.algos.nets import is_image
 from hetrl.config import Config
 from hetrl.errors import UsageError
 
@@ -20,6 +21,9 @@ def check_spaces(algo: str, obs_space: gym.Space, act_space: gym.Space) -> None:
         if not isinstance(act_space, gym.spaces.Box):
             raise UsageError(f"{name} needs a continuous (Box) action space, this env has {act_space}; "
                              "use dqn for discrete actions")
+        if is_image(obs_space):
+            raise UsageError(f"{name} takes vector observations; this env's are images {obs_space.shape} (the "
+                             "Nature CNN is dqn's): use dqn, or flatten them with a wrapper")
         if not (act_space.is_bounded("both")):
             raise UsageError(f"{name} needs bounded actions, this env has {act_space}; "
                              "wrap it with gymnasium.wrappers.ClipAction/RescaleAction")
@@ -35,7 +39,7 @@ def make_algorithm(cfg: Config, obs_space: gym.Space, act_space: gym.Space, devi
 
         if isinstance(act_space, gym.spaces.Discrete) and act_space.start != 0:
             raise UsageError(f"action space {act_space} does not start at 0; wrap the env to shift actions")
-        return DQN(cfg, obs_space.shape, int(act_space.n), device)
+        return DQN(cfg, obs_space.shape, int(act_space.n), device, pixels=is_image(obs_space))
     if cfg.algo == "td3":
         from hetrl.algos.td3 import TD3
 
@@ -50,8 +54,9 @@ def make_algorithm(cfg: Config, obs_space: gym.Space, act_space: gym.Space, devi
 
 
 def replay_spec(obs_space: gym.Space, act_space: gym.Space) -> dict:
-    """The data-storage fields of one (n-step) transition."""
-    obs = (tuple(obs_space.shape), "float32")
+    """The data-storage fields of one (n-step) transition; pixel observations stay uint8 (the
+    network scales them)."""
+    obs = (tuple(obs_space.shape), "uint8" if is_image(obs_space) else "float32")
     if isinstance(act_space, gym.spaces.Discrete):
         action = ((), "int64")
     else:

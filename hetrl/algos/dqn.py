@@ -16,25 +16,36 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algos import fastpath
-from hetrl.algos.nets import Checkpointed, FlatAdam, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, NatureCNN, mlp, soft_update
 from hetrl.config import Config
 
 
 class QNetwork(nn.Module):
+    """An MLP on (flattened) vector observations; with `image` (the shape of pixel observations) the
+    Nature CNN's 512 features first, then `net_arch` (SB3's CnnPolicy: none) and the Q head."""
+
     def __init__(self, obs_dim: int, n_actions: int, net_arch: list[int], dueling: bool = False,
-                 obs_ndim: int = 1):
+                 obs_ndim: int = 1, image: tuple[int, ...] | None = None):
         super().__init__()
         self.dueling, self.obs_ndim = dueling, obs_ndim
+        self.features = NatureCNN(image) if image is not None else None
+        self.pixels = self.features is not None
+        if self.pixels:
+            obs_dim = self.features.out_dim
         if dueling:  # Q = V + A - mean(A) over a shared body
             self.body = mlp([obs_dim, *net_arch])
-            self.body.append(nn.ReLU())
-            self.value = nn.Linear(net_arch[-1], 1)
-            self.advantage = nn.Linear(net_arch[-1], n_actions)
+            if net_arch:
+                self.body.append(nn.ReLU())
+            width = net_arch[-1] if net_arch else obs_dim
+            self.value = nn.Linear(width, 1)
+            self.advantage = nn.Linear(width, n_actions)
         else:
             self.q = mlp([obs_dim, *net_arch, n_actions])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.obs_ndim > 1:  # e.g. (..., H, W) -> (..., H*W)
+        if self.pixels:  # uint8 pixels -> 512 features (scaled inside)
+            obs = self.features(obs)
+        elif self.obs_ndim > 1:  # e.g. (..., H, W) -> (..., H*W)
             obs = obs.flatten(start_dim=-self.obs_ndim)
         if not self.dueling:
             return self.q(obs)
@@ -49,11 +60,12 @@ class DQNPolicy:
     def __init__(self, net: QNetwork, n_actions: int, seed: int, device: str = "cpu"):
         self.net, self.n_actions, self.device = net.to(device).eval(), n_actions, device
         self.rng = np.random.default_rng(seed)
+        self.dtype = None if net.pixels else torch.float32   # pixels stay uint8 up to the network
 
     @torch.no_grad()
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions."""
-        q = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+        q = self.net(torch.as_tensor(obs, dtype=self.dtype, device=self.device))
         return q.argmax(-1).cpu().numpy()
 
     def act(self, obs: np.ndarray, explore: float | None) -> tuple[np.ndarray, np.ndarray]:
@@ -78,8 +90,10 @@ class DQN(Checkpointed):
     nets, optims = ("q", "q_target"), ("opt",)          # what a checkpoint holds
     name = "dqn"
 
-    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: str | torch.device = "cpu"):
+    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: str | torch.device = "cpu",
+                 pixels: bool = False):
         self.cfg, self.obs_shape, self.n_actions, self.device = cfg, obs_shape, n_actions, torch.device(device)
+        self.pixels = pixels   # image observations: the Nature CNN (nets.py), never the fast path
         self.q = self._net().to(self.device)
         self.q_target = self._net().to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
@@ -90,7 +104,7 @@ class DQN(Checkpointed):
 
     def _net(self) -> QNetwork:
         return QNetwork(int(np.prod(self.obs_shape)), self.n_actions, self.cfg.net_arch, self.cfg.dueling,
-                        len(self.obs_shape))
+                        len(self.obs_shape), tuple(self.obs_shape) if self.pixels else None)
 
     # ---- acting side -------------------------------------------------------------------
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DQNPolicy:

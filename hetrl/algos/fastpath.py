@@ -95,8 +95,9 @@ class MLPGrad:
 
 
 def for_algorithm(algo) -> dict | None:
-    """The fast path's pieces for `algo` where it applies (plain MLPs on vector observations), else None."""
-    if not available():
+    """The fast path's pieces for `algo` where it applies (plain MLPs on vector observations), else None:
+    a CNN (pixel observations) always takes the public torch path."""
+    if not available() or getattr(algo, "pixels", False):
         return None
     if algo.name == "dqn" and not algo.cfg.dueling and len(algo.obs_shape) == 1:
         return {"q": MLPGrad(algo.q.q)}

@@ -1,5 +1,9 @@
 """Network building blocks shared by the algorithms (public torch APIs only).
 
+Vector observations go through an MLP; images (a 3-D uint8 Box: stacked grayscale frames, or one
+RGB frame channels-last) through the Nature CNN, which takes the uint8 pixels and scales them to
+[0, 1] itself, so replay and transport keep one byte per pixel.
+
 `FlatAdam` keeps all parameters (and their gradients) of a module in one contiguous buffer,
 so the fused Adam step and the gradient-norm clip are one kernel each instead of one per
 tensor: on a 2x256 MLP this is ~20% of a CPU update (measured, see README). The optional
@@ -8,8 +12,47 @@ hand-derived fast path is hetrl/algos/fastpath.py.
 
 from __future__ import annotations
 
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
+
+from hetrl.errors import UsageError
+
+
+def is_image(space: gym.Space) -> bool:
+    """Pixel observations: a 3-D uint8 Box (channels first, e.g. 4 stacked 84x84 frames, or last)."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+class NatureCNN(nn.Module):
+    """The DQN network's convolutions (Mnih et al. 2015; SB3's NatureCNN): 32 8x8 stride 4, 64 4x4
+    stride 2, 64 3x3 stride 1, then Linear -> `features` (ReLU after each). Takes images of `shape`
+    (channels first, or channels last when the last axis is the smallest) with any leading axes, as
+    uint8 (or float) pixels in [0, 255], scaled to [0, 1] here."""
+
+    def __init__(self, shape: tuple[int, ...], features: int = 512):
+        super().__init__()
+        shape = tuple(int(d) for d in shape)
+        self.channels_last = int(np.argmin(shape)) == 2
+        c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        self.cnn = nn.Sequential(nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                                 nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        if min(h, w) < 36:  # (((n - 8) // 4 + 1 - 4) // 2 + 1 - 3) + 1 >= 1
+            raise UsageError(f"image observations of shape {shape} are too small for the Nature CNN (at least "
+                             "36x36 pixels); raise atari_screen_size, or flatten them for an MLP")
+        with torch.no_grad():
+            n = self.cnn(torch.zeros(1, c, h, w)).shape[1]
+        self.linear = nn.Sequential(nn.Linear(n, features), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() / 255.0   # float only inside the network
+        if self.channels_last:
+            x = x.movedim(-1, -3)
+        lead = x.shape[:-3]
+        x = self.cnn(x.reshape(-1, *x.shape[-3:]))
+        return self.linear(x).reshape(*lead, self.out_dim)
 
 
 def mlp(sizes: list[int], out_act: type[nn.Module] | None = None) -> nn.Sequential:

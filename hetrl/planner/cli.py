@@ -23,12 +23,12 @@ def _progress(quiet: bool = False):
 
 
 def _config(args):
-    from hetrl.actors.envs import probe_spaces
+    from hetrl.actors.envs import prepare_env, probe_spaces
     from hetrl.algos import check_spaces
     from hetrl.config import make_config, parse_sets
 
     cfg = make_config(args.algo, args.env, parse_sets(args.sets))
-    check_spaces(cfg.algo, *probe_spaces(cfg.env))
+    check_spaces(cfg.algo, *probe_spaces(prepare_env(cfg.env, cfg)))
     return cfg
 
 

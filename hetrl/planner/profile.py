@@ -106,6 +106,7 @@ def _slug(s: str) -> str:
 
 def network_key(cfg) -> str:
     key = "x".join(str(h) for h in cfg.net_arch)
+    key += f"-stack{cfg.frame_stack}" if cfg.frame_stack > 1 else ""   # another input (and CNN) shape
     if cfg.algo == "dqn":
         key += "-dueling" if cfg.dueling else ""
         key += "-double" if cfg.double else ""
@@ -501,10 +502,11 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     import torch
 
     from hetrl.actors import ActorSpec, probe_spaces
-    from hetrl.actors.envs import make_vector_env
+    from hetrl.actors.envs import make_vector_env, prepare_env
     from hetrl.algos import make_algorithm, replay_spec
     from hetrl.planner.power import device_power
     from hetrl.replay import ReplayBuffer
+    from hetrl.replay.frames import frames_apply
     from hetrl.replay.sampler import UniformSampler
     from hetrl.runtime.params import InProcessParameterStore
 
@@ -521,7 +523,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         mkw_quick = {"min_rounds": 4, "window": 3, "min_round_s": 0.003}
     else:
         mkw_quick = {}
-    obs_space, act_space = probe_spaces(cfg.env)
+    env = prepare_env(cfg.env, cfg)   # the env the run trains on (Atari preprocessing, frame_stack)
+    obs_space, act_space = probe_spaces(env)
     spec = replay_spec(obs_space, act_space)
     bpt = int(sum(int(np.prod(s)) * np.dtype(dt).itemsize for s, dt in spec.values()))
     W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
@@ -558,13 +561,13 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         # -- envs and actors
         for w in W:
             say(f"env step, {w} env(s)")
-            venv = make_vector_env(cfg.env, w, 0, cfg.env_backend)
+            venv = make_vector_env(env, w, 0, cfg.env_backend)
             acts = [venv.action_space.sample() for _ in range(64)]
             it = iter(range(1 << 62))
             data["env"][str(w)] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu).to_json()
             venv.close()
             say(f"actor step (env + inference + n-step), {w} env(s)")
-            actor = ActorSpec(cfg.env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
+            actor = ActorSpec(env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
                               cfg.env_backend).build()
 
             def step_actor(actor=actor, w=w):
@@ -641,7 +644,9 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                                               **kw_of(dev)).to_json()
 
         # -- data storage (per device) and replay manager (sum tree: CPU)
-        capacity = int(min(cfg.buffer_size, 1_000_000))
+        # large transitions (pixels): a ring of ~256 MB measures the same memory-bound copies
+        capacity = int(min(cfg.buffer_size, 1_000_000, max(4096, 2**28 // bpt)))
+        frames = cfg.replay_frames and frames_apply(spec, cfg.frame_stack)   # the storage the run uses
 
         def host_batch(n: int) -> dict:
             out = {}
@@ -651,10 +656,14 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 else:
                     out[name] = rng.standard_normal((n, *shape)).astype(dt) if np.dtype(dt).kind == "f" \
                         else rng.integers(0, 2, (n, *shape)).astype(dt)
+            if frames:  # one env's consecutive stacks, as the frame storage sees them
+                K, seq = spec["obs"][0][0], rng.integers(0, 256, (n + spec["obs"][0][0], *spec["obs"][0][1:]), np.uint8)
+                win = np.lib.stride_tricks.sliding_window_view(seq, K, axis=0).transpose(0, 3, 1, 2)
+                out["obs"], out["next_obs"] = win[:n].copy(), win[1:n + 1].copy()
             return out
 
         for dev in devices:
-            rb = ReplayBuffer(capacity, spec, dev, prioritized=False, seed=0)
+            rb = ReplayBuffer(capacity, spec, dev, prioritized=False, seed=0, frames=frames)
             for s in range(0, capacity, 65536):
                 rb.insert(host_batch(min(65536, capacity - s)))
             data["ds_insert"][dev], data["ds_gather"][dev] = {}, {}

@@ -1,6 +1,7 @@
 """Replay: raw ring storage, sum tree, replay manager, n-step adder, rate limiter.
 
 * :class:`Storage`      -- preallocated struct-of-arrays ring buffer (CPU NumPy or device tensors).
+* :class:`FrameStorage` -- the same for stacked frames (Atari), each frame stored once.
 * :class:`SumTree`      -- K-ary float64 sum tree for proportional sampling (numba kernels).
 * :class:`ReplayBuffer` -- uniform / prioritized replay over a Storage and a SumTree.
 * :class:`NStepAdder`   -- actor-side n-step transition accumulator over a vector of envs.
@@ -8,9 +9,10 @@
 """
 
 from hetrl.replay.buffer import ReplayBuffer
+from hetrl.replay.frames import FrameStorage
 from hetrl.replay.nstep import NStepAdder
 from hetrl.replay.rate_limiter import RateLimiter, RatioRule
 from hetrl.replay.storage import Spec, Storage
 from hetrl.replay.sumtree import SumTree
 
-__all__ = ["Storage", "Spec", "SumTree", "ReplayBuffer", "NStepAdder", "RateLimiter", "RatioRule"]
+__all__ = ["Storage", "FrameStorage", "Spec", "SumTree", "ReplayBuffer", "NStepAdder", "RateLimiter", "RatioRule"]

@@ -33,6 +33,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from hetrl.replay.frames import FrameStorage
 from hetrl.replay.storage import ArrayLike, Spec, Storage
 from hetrl.errors import NonFiniteError
 from hetrl.replay.finite import first_non_finite
@@ -55,6 +56,7 @@ class ReplayBuffer:
         seed: seed of ``self.rng``; ``None`` draws fresh entropy.
         buffers: preallocated CPU arrays for the storage (e.g. shared memory).
         check_finite: refuse (NonFiniteError) a batch with NaN or inf in obs, next_obs, reward or action.
+        frames: obs/next_obs are stacks of frames: keep each frame once (:class:`FrameStorage`).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class ReplayBuffer:
         seed: int | None = None,
         buffers: dict[str, np.ndarray] | None = None,
         check_finite: bool = True,
+        frames: bool = False,
     ) -> None:
         if int(capacity) <= 0:
             raise ValueError(f"ReplayBuffer capacity must be > 0, got {capacity}; set replay.capacity to a positive size.")
@@ -84,7 +87,7 @@ class ReplayBuffer:
         self.sampler: UniformSampler | PrioritizedSampler = (
             PrioritizedSampler(int(capacity), self.rng, alpha, beta, eps, fanout) if prioritized
             else UniformSampler(self.rng))
-        self.storage = Storage(capacity, spec, device, buffers)
+        self.storage: Storage | FrameStorage = (FrameStorage if frames else Storage)(capacity, spec, device, buffers)
         self.capacity = self.storage.capacity
         self.device = self.storage.device
         self.prioritized = bool(prioritized)
@@ -120,6 +123,8 @@ class ReplayBuffer:
                 raise NonFiniteError(f"non-finite data inserted into the replay: {bad}")
         keys = self.storage.insert(batch)
         self.sampler.on_insert(keys)
+        if self.storage.evicted.size:   # rows the frame storage evicted early: never sampled again
+            self.sampler.on_evict(self.storage.evicted)
         return keys
 
     # ------------------------------------------------------------------- read
@@ -144,6 +149,8 @@ class ReplayBuffer:
         if beta is not None:
             self.set_beta(beta)
         keys, w = self.sampler.sample(n, size)
+        if self.storage.dead and not self.prioritized:   # uniform ordinals -> the slots of held transitions
+            keys = self.storage.slots_of(keys)
         if w is None:
             weights = torch.ones(n, dtype=torch.float32, device=self.device)
         else:
@@ -173,11 +180,14 @@ class ReplayBuffer:
             )
         if not np.all(np.isfinite(td)):
             raise ValueError("update_priorities got NaN or inf TD errors; check the learner's loss for divergence.")
-        if keys.size and (keys.min() < 0 or keys.max() >= len(self.storage)):
+        if keys.size and (keys.min() < 0 or keys.max() >= self.storage.size):
             raise ValueError(
-                f"update_priorities keys must be slots in [0, {len(self.storage)}) as returned by sample(); "
+                f"update_priorities keys must be slots in [0, {self.storage.size}) as returned by sample(); "
                 f"got min {keys.min()}, max {keys.max()}."
             )
+        if self.storage.dead:   # a row evicted early since it was sampled keeps priority 0
+            held = self.storage.alive(keys)
+            keys, td = keys[held], td[held]
         self.sampler.update(keys, td)
 
     # ------------------------------------------------------------ checkpoint

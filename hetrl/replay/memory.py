@@ -30,6 +30,11 @@ def storage_bytes(spec: dict, capacity: int) -> int:
     return int(capacity) * per_item
 
 
+def arrays_bytes(arrays: dict) -> int:
+    """Bytes of arrays given as {name: (full shape, dtype)} (a storage's layout, e.g. the frame storage's)."""
+    return int(sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in arrays.values()))
+
+
 def available_bytes(device: str | torch.device) -> int | None:
     """Memory available now on `device`: the host's MemAvailable, or a GPU's free memory; None if unknown."""
     device = torch.device(device)
@@ -52,10 +57,12 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
 
 
-def check_replay_memory(spec: dict, capacity: int, device: str | torch.device) -> int:
+def check_replay_memory(spec: dict, capacity: int, device: str | torch.device, arrays: dict | None = None) -> int:
     """The storage's full size in bytes; UsageError (one line: the size, what is available, the largest
-    buffer_size that fits) when the device does not have it, a warning above WARN_FRACTION of it."""
-    need = storage_bytes(spec, capacity)
+    buffer_size that fits) when the device does not have it, a warning above WARN_FRACTION of it.
+    `arrays` ({name: (full shape, dtype)}): the storage's own layout when it is not one row per
+    transition of `spec` (the frame storage, hetrl/replay/frames.py)."""
+    need = storage_bytes(spec, capacity) if arrays is None else arrays_bytes(arrays)
     have = available_bytes(device)
     if have is None or need == 0:
         return need

@@ -8,7 +8,11 @@ weights are computed in one place.
 
     sample(n, size) -> (keys int64 (n,), weights float32 (n,) or None when uniform)
     on_insert(keys)          new slots (prioritised: max priority ** alpha)
+    on_evict(keys)           slots that no longer hold a transition (prioritised: priority 0)
     update(keys, td_errors)  learner's |TD| -> priorities (no-op when uniform)
+
+Uniform keys are ordinals in [0, size); the replay buffer maps them to slots when the storage
+holds rows that were evicted early (the frame storage, rarely), see ReplayBuffer.sample.
 
 Both draw from the numpy Generator they are given (the replay buffer's, whose state is in its
 checkpoint), so the same seed and the same calls give the same keys.
@@ -34,6 +38,9 @@ class UniformSampler:
         return self.rng.integers(0, size, size=n, dtype=np.int64), None
 
     def on_insert(self, keys: np.ndarray) -> None:
+        pass
+
+    def on_evict(self, keys: np.ndarray) -> None:
         pass
 
     def update(self, keys: np.ndarray, td_errors: np.ndarray) -> None:
@@ -73,6 +80,10 @@ class PrioritizedSampler:
     def on_insert(self, keys: np.ndarray) -> None:
         if keys.size:
             self.tree.update(keys, np.full(keys.shape[0], self.max_priority ** self.alpha))
+
+    def on_evict(self, keys: np.ndarray) -> None:
+        if keys.size:   # the tree never returns a zero-priority leaf
+            self.tree.update(keys, np.zeros(keys.shape[0]))
 
     def update(self, keys: np.ndarray, td_errors: np.ndarray) -> None:
         p = np.abs(td_errors) + self.eps

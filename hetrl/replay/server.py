@@ -31,7 +31,7 @@ class ReplayServer:
     """A prioritised (or uniform) replay with a sample-to-insert rate limiter, served to many clients.
 
     Args:
-        capacity, spec, prioritized, alpha, beta, seed: as :class:`ReplayBuffer` (CPU storage).
+        capacity, spec, prioritized, alpha, beta, seed, frames: as :class:`ReplayBuffer` (CPU storage).
         samples_per_insert: target transitions sampled per env step inserted (replay ratio x batch).
         min_size: env steps inserted before the first sample.
         error_buffer: how far (in samples) either side may run ahead of the ratio (Reverb's).
@@ -41,9 +41,9 @@ class ReplayServer:
     def __init__(self, capacity: int, spec: Spec, *, prioritized: bool = False, alpha: float = 0.6,
                  beta: float = 0.4, seed: int | None = None, samples_per_insert: float = 1.0,
                  min_size: int = 1, error_buffer: float | tuple[float, float] = 1.0, rate_limit: bool = True,
-                 check_finite: bool = True):
+                 check_finite: bool = True, frames: bool = False):
         self.replay = ReplayBuffer(capacity, spec, "cpu", prioritized=prioritized, alpha=alpha, beta=beta, seed=seed,
-                                   check_finite=check_finite)
+                                   check_finite=check_finite, frames=frames)
         self.rule = RatioRule.from_error_buffer(samples_per_insert, min_size, error_buffer)
         self.rate_limit = bool(rate_limit)
         self.inserts = 0          # env steps inserted (the rate limiter's unit)

@@ -93,6 +93,9 @@ class Storage:
             device has the memory (``UsageError`` naming the largest capacity that fits otherwise).
     """
 
+    dead = 0                                 # rows evicted early (FrameStorage may; never here)
+    evicted = np.empty(0, dtype=np.int64)    # rows the last insert evicted early
+
     def __init__(
         self,
         capacity: int,
@@ -246,6 +249,20 @@ class Storage:
     def __len__(self) -> int:
         return self.size
 
+    def alive(self, keys: np.ndarray) -> np.ndarray:
+        """Which slots hold a transition."""
+        keys = np.asarray(keys, np.int64)
+        return (keys >= 0) & (keys < self.size)
+
+    def slots_of(self, ordinals: np.ndarray) -> np.ndarray:
+        """The slots of held transitions' ordinals in [0, len(self)): the same numbers here."""
+        return np.asarray(ordinals, np.int64)
+
+    @staticmethod
+    def layout(capacity: int, spec: Spec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """The arrays this storage allocates: {field: ((capacity, *item_shape), dtype)}."""
+        return {k: ((int(capacity), *s), d) for k, (s, d) in normalize_spec(spec).items()}
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the field arrays (the whole capacity, filled or not)."""
@@ -280,6 +297,9 @@ class Storage:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict` taken from a storage with the same capacity and spec."""
+        if state.get("kind") == "frames":
+            raise ValueError("this replay state was saved by the frame storage (each frame once), not the plain "
+                             "Storage; load it with replay_frames=true (ReplayBuffer(frames=True))")
         if int(state["capacity"]) != self.capacity:
             raise ValueError(
                 f"Storage state has capacity {state['capacity']} but this storage has {self.capacity}; "

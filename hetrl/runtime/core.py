@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
-from hetrl.actors.envs import EnvSpec
+from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
-from hetrl.replay import ReplayBuffer
+from hetrl.replay import FrameStorage, ReplayBuffer, Storage
+from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
 from hetrl.runtime.layout import grads_per_phase
 from hetrl.runtime.params import ParameterStore
@@ -98,16 +99,21 @@ class LearnerCore:
     """The learner side of a run: set up once per run by its schedule, in the learner's process."""
 
     def __init__(self, cfg: Config, env: EnvSpec, threads: int):
-        self.cfg, self.env = cfg, env
+        self.cfg = cfg
+        self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         setup_process(cfg.seed, threads)
         # a learner of several threads drops to the cores other work leaves it, during the run
         self.governor = ThreadGovernor(max(1, threads))
         self.device = resolve_device(cfg.device)
-        self.obs_space, self.act_space = probe_spaces(env)
+        self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(self.obs_space, self.act_space)
+        # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
+        self.frames = cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
+        self.storage_arrays = (FrameStorage if self.frames else Storage).layout(cfg.buffer_size, self.spec)
         # before any storage, staging or GPU buffer is allocated: refuse a replay the device cannot hold
-        self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, self.device)
+        self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, "cpu" if self.frames else self.device,
+                                                arrays=self.storage_arrays)
         self.c = Counters()
         self.params: ParameterStore | None = None
         self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
@@ -120,10 +126,11 @@ class LearnerCore:
 
     # ---- parts ------------------------------------------------------------------------------
     def make_replay(self, buffers: dict | None = None) -> ReplayBuffer:
+        """The run's replay; `buffers`: preallocated host arrays for any of `storage_arrays` (shared memory)."""
         cfg = self.cfg
         return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
                             alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers,
-                            check_finite=cfg.check_finite)
+                            check_finite=cfg.check_finite, frames=self.frames)
 
     def insert(self, replay: ReplayBuffer, batch: dict, actor: int = 0) -> None:
         """Insert an actor's batch; non-finite data stops the run with where it came from."""

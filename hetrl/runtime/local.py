@@ -139,7 +139,8 @@ class LocalSchedule(Schedule):
         self.core = core = LearnerCore(cfg, env, lay.learner_threads)
         self.core.max_lag = lay.max_lag
         spec, on_cpu = core.spec, core.device.type == "cpu"
-        self._ring = SharedArrays({k: ((cfg.buffer_size, *s), d) for k, (s, d) in spec.items()}) if on_cpu else None
+        # the storage's arrays (one per field, or the frame storage's frame ring) in shared memory
+        self._ring = SharedArrays(core.storage_arrays) if on_cpu or core.frames else None
         self.replay = core.make_replay(buffers=None if self._ring is None else self._ring.arrays)
         self.rule = RatioRule.from_error_buffer(lay.spi, lay.min_size, lay.error_buffer)
         self.params = SharedParameterStore(core.algo.policy_state())

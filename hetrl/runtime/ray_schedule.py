@@ -180,7 +180,7 @@ class RaySchedule(Schedule):
             per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
             seed=cfg.seed + 7 * i, samples_per_insert=lay.spi, min_size=min_size,
             error_buffer=error_buffer, rate_limit=cfg.rate_limit,
-            check_finite=cfg.check_finite)
+            check_finite=cfg.check_finite, frames=self.core.frames)
             for i in range(S)]
         self.replay = ShardedReplay(self.servers)
 
