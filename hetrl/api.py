@@ -308,12 +308,13 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
         if "learning dynamics" in line:
             note(line)
     new = result.apply(cfg)
-    if "fastpath" not in settings:  # the learner kernel the profile measured faster
-        new = dataclasses.replace(new, fastpath=bool(result.fastpath))
+    for key in ("fastpath", "compiled"):  # the learner kernel the profile measured fastest
+        if key not in settings:
+            new = dataclasses.replace(new, **{key: bool(getattr(result, key))})
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()
-    chosen_keys = [k for k in (*p.settings(), "fastpath") if k in SYSTEM_KEYS and k not in settings]
+    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled") if k in SYSTEM_KEYS and k not in settings]
     changed = {k: [before[k], after[k]] for k in after if after[k] != before[k] and k not in SYSTEM_KEYS}
     owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}
     info = {**result.to_json(), "objective_meaning": result.objective_meaning, "allow_more_envs": allow_more_envs,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetrl.algos import fastpath
+from hetrl.algos import compiled, fastpath
 from hetrl.algos.nets import Checkpointed, FlatAdam, NatureCNN, mlp, soft_update
 from hetrl.config import Config
 
@@ -100,6 +100,7 @@ class DQN(Checkpointed):
         self.q_target.requires_grad_(False)
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
         self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
+        self.compiled_phase = cfg.compiled and compiled.applies(self)       # optional, see compiled.py
         self.updates = 0
 
     def _net(self) -> QNetwork:
@@ -150,6 +151,15 @@ class DQN(Checkpointed):
         K = weights.shape[0]
         fixed = not self.cfg.double
         targets = self._targets(batches) if fixed else None
+        if self.compiled_phase:  # the same K updates as one native call (compiled.py); double DQN: one per step
+            if fixed:
+                td_all = compiled.dqn_phase(self, batches["obs"], batches["action"], targets, weights)
+            else:
+                td_all = torch.cat([compiled.dqn_phase(self, batches["obs"][k:k + 1], batches["action"][k:k + 1],
+                                                       self._targets({key: v[k] for key, v in batches.items()})[None],
+                                                       weights[k:k + 1]) for k in range(K)])
+            self.updates += K
+            return td_all.abs_()
         td_all = torch.empty_like(weights)
         for k in range(K):
             b = {key: v[k] for key, v in batches.items()}

@@ -23,6 +23,14 @@ def _busy(pred: Prediction, cores: float) -> str:
     return ", ".join(parts)
 
 
+def _kernel(k: dict) -> str:
+    """The CPU learner's kernel and why: each measured one's time per update (profile)."""
+    names = {"public": "public torch path", "fast": "hand-derived fast path", "compiled": "compiled phase (numba)"}
+    chosen = k.get("kernel", "fast" if k.get("chosen") else "public")
+    timed = [f"{n} {k[n + '_s'] * 1e3:.2f}" for n in names if f"{n}_s" in k]
+    return names[chosen] + (f" (fastest measured, ms/update: {', '.join(timed)})" if len(timed) > 1 else "")
+
+
 def render_plan(result: PlanResult, console: Console | None = None) -> None:
     con = console or Console()
     p, pred, w = result.plan, result.prediction, result.workload
@@ -44,7 +52,8 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     t.add_column()
     t.add_row("schedule", p.schedule + ("" if p.runnable else " (modelled, not runnable)"))
     t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device})")
-    t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}")
+    t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}"
+              + (f"; {_kernel(prof.get('fastpath') or {})}" if p.learner_device == "cpu" else ""))
     t.add_row("data storage", p.storage_device)
     t.add_row("replay manager", p.replay_device)
     t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items())

@@ -56,7 +56,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase  # the runtime's: gradient steps per training phase
 
-FORMAT = "hetrl-profile/5"
+FORMAT = "hetrl-profile/6"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 
@@ -592,24 +592,36 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         def timed_learn(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
             return learn_timing(algo, batch, wts, dev, steps, cap_s=budget.cap(), threads=th, one=one, **mkw)
 
-        # the CPU learner's kernel: the public path or the hand-derived fast path (algos/fastpath.py),
-        # whichever measures faster here; every learner figure below is of the chosen one
+        # the CPU learner's kernel: the public path, the hand-derived fast path (algos/fastpath.py) or the
+        # compiled phase (algos/compiled.py), whichever measures fastest here on a phase of K steps;
+        # every learner figure below is of the chosen one
         from dataclasses import replace
 
-        from hetrl.algos import fastpath
+        from hetrl.algos import compiled, fastpath
 
-        data["fastpath"] = {"chosen": False}
-        if fastpath.available() and "cpu" in devices:
+        data["fastpath"] = {"chosen": False, "kernel": "public"}
+        if "cpu" in devices:
             K = max(grid["k_groups"] or [1])
+            kernels = {"public": {}}
+            if fastpath.available():
+                kernels["fast"] = {"fastpath": True}
+            if compiled.available() and compiled.applies(make_algorithm(replace(cfg, compiled=True), obs_space,
+                                                                        act_space, "cpu")):
+                compiled.warm_up()
+                kernels["compiled"] = {"compiled": True}
             per_step = {}
-            for flag in (False, True):
-                say(f"learner kernel on cpu ({'fast path' if flag else 'public path'}), {K} steps")
-                algo = make_algorithm(replace(cfg, fastpath=flag), obs_space, act_space, "cpu")
-                batch, wts = synth(cfg.batch_size, K, "cpu")
-                per_step[flag] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
-            data["fastpath"] = {"public_s": per_step[False], "fast_s": per_step[True],
-                                "chosen": per_step[True] < per_step[False]}
-        cfg = replace(cfg, fastpath=data["fastpath"]["chosen"])
+            if len(kernels) > 1:
+                for name, flags in kernels.items():
+                    say(f"learner kernel on cpu ({name}), {K} steps")
+                    algo = make_algorithm(replace(cfg, **flags), obs_space, act_space, "cpu")
+                    batch, wts = synth(cfg.batch_size, K, "cpu")
+                    per_step[name] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
+            if per_step:
+                best = min(per_step, key=per_step.get)
+                data["fastpath"] = {**{f"{n}_s": s for n, s in per_step.items()}, "kernel": best,
+                                    "chosen": best == "fast"}
+        kernel = data["fastpath"].get("kernel", "public")
+        cfg = replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
         for dev in devices:
             data["learn"][dev] = {}
             for th in (T if dev == "cpu" else [1]):

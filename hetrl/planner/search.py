@@ -284,6 +284,11 @@ class PlanResult:
         return bool(self.profile.get("fastpath", {}).get("chosen", False))
 
     @property
+    def compiled(self) -> bool:
+        """Whether the profile measured the learner's compiled phase (algos/compiled.py) fastest."""
+        return self.profile.get("fastpath", {}).get("kernel") == "compiled"
+
+    @property
     def predicted_env_steps_per_s(self) -> float:
         return self.prediction.env_steps_per_s
 
