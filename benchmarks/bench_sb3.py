@@ -1,12 +1,17 @@
-"""hetrl vs Stable-Baselines3 on the same presets, alternating in one run.
+"""hetrl vs Stable-Baselines3 (and SBX, SB3 on JAX) on the same presets, alternating in one run.
 
-    python benchmarks/bench_sb3.py [--rounds 3] [--dqn-steps 20000] [--ddpg-steps 12000]
+    python benchmarks/bench_sb3.py [--rounds 3] [--libs hetrl,sb3,sbx] [--plan auto|none]
+        [--cases dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000]
 
-Both libraries train with the rl-zoo preset (hetrl/presets.yaml); each round runs hetrl then
-SB3 (then the order flips) in fresh subprocesses, so both see the same machine load.
-Prints env steps/s of each, the ratio (median over rounds), and writes
-benchmarks/results/bench_sb3.json. Needs `pip install stable-baselines3` (make bench).
-Compare ratios, not absolute figures: the machines here are shared and noisy.
+Every library trains with the rl-zoo preset (hetrl/presets.yaml; benchmarks/sb3_preset.py builds the
+SB3/SBX model from it); each round runs the libraries in fresh subprocesses, in an order that
+rotates from round to round, so all see the same machine load. hetrl runs under the default plan
+(`--plan auto`, the planner's profile is made once before the rounds and then cached; its time is
+not counted) or `--plan none` (inline, the preset as is). A case is ALGO:ENV:STEPS[:key=value...]
+(settings for every library, e.g. a shorter learning_starts). Prints env steps/s of each over the
+training (SB3/SBX: `model.learn`; hetrl: result.json's wall_s), the ratios (medians over rounds),
+and writes benchmarks/results/bench_sb3.json. Needs `pip install stable-baselines3` (make bench),
+`sbx-rl` for SBX. Compare ratios, not absolute figures: the machines here are shared and noisy.
 """
 
 from __future__ import annotations
@@ -23,20 +28,20 @@ HERE = Path(__file__).resolve().parent
 
 CHILD = r"""
 import json, sys, time
-algo, env, steps, lib, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+algo, env, steps, lib, extra, plan = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5]), sys.argv[6]
 from hetrl.config import make_config
 cfg = make_config(algo, env, {"steps": steps, **extra})
 if lib == "hetrl":
     import hetrl
-    t = time.perf_counter()
-    run = hetrl.train(algo, env, progress=False, evaluate_episodes=0, **{k: v for k, v in cfg.to_dict().items() if k not in ("algo", "env")})
-    wall = time.perf_counter() - t
-    print(json.dumps({"wall_s": wall, "env_steps": run.result["env_steps"], "gradient_steps": run.result["gradient_steps"],
-                      "train_samples_per_s": run.result["train_samples_per_s"]}))
+    run = hetrl.train(algo, env, steps=steps, plan=plan, progress=False, evaluate_episodes=0, **extra)
+    r = run.result
+    print(json.dumps({"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
+                      "schedule": run.cfg.schedule, "compiled": run.cfg.compiled, "fastpath": run.cfg.fastpath,
+                      "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s")}))
 else:
     sys.path.insert(0, __BENCH_DIR__)
     from sb3_preset import sb3_model
-    model = sb3_model(cfg, env)
+    model = sb3_model(cfg, env, lib=lib, device="cpu")
     t = time.perf_counter()
     model.learn(total_timesteps=steps)
     wall = time.perf_counter() - t
@@ -44,8 +49,8 @@ else:
 """.replace("__BENCH_DIR__", repr(str(HERE)))
 
 
-def run_one(algo: str, env: str, steps: int, lib: str, extra: dict) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, algo, env, str(steps), lib, json.dumps(extra)],
+def run_one(algo: str, env: str, steps: int, lib: str, extra: dict, plan: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, algo, env, str(steps), lib, json.dumps(extra), plan],
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{lib} {algo} {env} failed:\n{p.stderr[-2000:]}")
@@ -54,35 +59,44 @@ def run_one(algo: str, env: str, steps: int, lib: str, extra: dict) -> dict:
     return r
 
 
+def parse_case(text: str) -> tuple[str, str, int, dict]:
+    import yaml
+
+    algo, env, steps, *kv = text.split(":")
+    return algo, env, int(steps), {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in kv)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dqn-steps", type=int, default=20_000)
-    ap.add_argument("--ddpg-steps", type=int, default=12_000)
-    ap.add_argument("--ddpg-learning-starts", type=int, default=2_000,
-                    help="shorter warm-up than the preset's 10k so the timed part is mostly learning")
-    ap.add_argument("--only", choices=["dqn", "ddpg"])
+    ap.add_argument("--libs", default="hetrl,sb3")
+    ap.add_argument("--plan", default="auto", choices=["auto", "none"])
+    ap.add_argument("--cases", default="dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000")
+    ap.add_argument("--out", default=str(HERE / "results" / "bench_sb3.json"))
     args = ap.parse_args()
-    cases = [("dqn", "CartPole-v1", args.dqn_steps, {}),
-             ("ddpg", "Pendulum-v1", args.ddpg_steps, {"learning_starts": args.ddpg_learning_starts})]
-    report = {"machine": {"python": sys.version.split()[0]}, "cases": []}
-    for algo, env, steps, extra in cases:
-        if args.only and algo != args.only:
-            continue
-        rows = {"hetrl": [], "sb3": []}
+    libs = args.libs.split(",")
+    report = {"machine": {"python": sys.version.split()[0]}, "plan": args.plan, "libs": libs, "cases": [],
+              "command": "python " + " ".join(sys.argv)}
+    for algo, env, steps, extra in map(parse_case, args.cases.split(",")):
+        if "hetrl" in libs and args.plan == "auto":  # the profile once, cached for every round
+            subprocess.run([sys.executable, "-m", "hetrl.cli", "plan", algo, "--env", env,
+                            *[a for k, v in extra.items() for a in ("--set", f"{k}={v}")]],
+                           capture_output=True, text=True)
+        rows: dict[str, list] = {lib: [] for lib in libs}
         for r in range(args.rounds):
-            order = ["hetrl", "sb3"] if r % 2 == 0 else ["sb3", "hetrl"]
+            order = libs[r % len(libs):] + libs[:r % len(libs)]
             for lib in order:
-                res = run_one(algo, env, steps, lib, extra)
+                res = run_one(algo, env, steps, lib, extra, args.plan)
                 rows[lib].append(res)
                 print(f"{algo} {env} round {r} {lib:>5}: {res['env_steps_per_s']:8.0f} env steps/s "
                       f"({res['wall_s']:.1f} s)", flush=True)
         med = {lib: statistics.median(x["env_steps_per_s"] for x in rows[lib]) for lib in rows}
-        ratio = med["hetrl"] / med["sb3"]
-        print(f"==> {algo} {env}: hetrl {med['hetrl']:.0f} vs SB3 {med['sb3']:.0f} env steps/s: {ratio:.2f}x")
+        ratios = {f"hetrl/{lib}": med["hetrl"] / med[lib] for lib in libs if lib != "hetrl" and "hetrl" in med}
+        print(f"==> {algo} {env}: " + ", ".join(f"{lib} {v:.0f}" for lib, v in med.items()) + " env steps/s"
+              + "".join(f"; {k} {v:.2f}x" for k, v in ratios.items()))
         report["cases"].append({"algo": algo, "env": env, "steps": steps, "extra": extra, "runs": rows,
-                                "median_env_steps_per_s": med, "ratio": ratio})
-    out = HERE / "results" / "bench_sb3.json"
+                                "median_env_steps_per_s": med, "ratios": ratios})
+    out = Path(args.out)
     out.parent.mkdir(exist_ok=True)
     report["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     out.write_text(json.dumps(report, indent=2))

@@ -3,19 +3,23 @@
     from sb3_preset import sb3_model      # benchmarks/ on sys.path (the benchmarks' child processes)
     model = sb3_model(make_config("dqn", "CartPole-v1"), "CartPole-v1")
 
-Used by bench_sb3.py, bench_local.py and bench_learning.py. Needs `pip install stable-baselines3`
+Used by bench_sb3.py (also with lib="sbx"), bench_local.py and bench_learning.py. Needs `pip install stable-baselines3`
 (the `bench` extra).
 """
 
 from __future__ import annotations
 
 
-def sb3_model(cfg, env: str, verbose: int = 0, **sb3_kwargs):
+def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
     """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac) with cfg's hyperparameters on `env`;
-    `sb3_kwargs` go to the model's constructor as they are (e.g. device="cpu": SB3's default is "auto")."""
+    `sb3_kwargs` go to the model's constructor as they are (e.g. device="cpu": SB3's default is "auto").
+    lib="sbx": the same model from SBX (`pip install sbx-rl`, SB3 on JAX), whose DQN has no gradient clip."""
+    import importlib
+
     import numpy as np
-    import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+    sb3 = importlib.import_module({"sb3": "stable_baselines3", "sbx": "sbx"}[lib])
 
     common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
                   batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
@@ -25,8 +29,8 @@ def sb3_model(cfg, env: str, verbose: int = 0, **sb3_kwargs):
         return sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval, tau=cfg.tau,
                        exploration_fraction=cfg.exploration_fraction,
                        exploration_initial_eps=cfg.exploration_initial_eps,
-                       exploration_final_eps=cfg.exploration_final_eps, max_grad_norm=cfg.max_grad_norm or 1e9,
-                       **common)
+                       exploration_final_eps=cfg.exploration_final_eps,
+                       **({} if lib == "sbx" else {"max_grad_norm": cfg.max_grad_norm or 1e9}), **common)
     import gymnasium as gym
 
     n = gym.make(env).action_space.shape[0]

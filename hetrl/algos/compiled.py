@@ -19,6 +19,8 @@ planner's profile sets to whichever of eager / fast path / compiled it measures 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -171,14 +173,16 @@ def dqn_phase(algo, obs: torch.Tensor, action: torch.Tensor, target: torch.Tenso
     return torch.from_numpy(td)
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) before timing or training."""
+def warm_up() -> float:
+    """Compile (or load from numba's cache) before timing or training; returns the seconds it took."""
     if not available():
-        return
+        return 0.0
+    t = time.perf_counter()
     K, B, sizes = 1, 2, np.array([2, 3, 2], np.int64)
     n = 2 * 3 + 3 + 3 * 2 + 2
     z = np.zeros(n, np.float32)
     _dqn_mlp_phase(np.zeros((K, B, 2), np.float32), np.zeros((K, B), np.int64), np.zeros((K, B), np.float32),
                    np.ones((K, B), np.float32), sizes, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(1, np.float32),
                    1e-3, 0.9, 0.999, 1e-8, 10.0, np.empty((K, B), np.float32))
+    return time.perf_counter() - t
 

@@ -101,6 +101,7 @@ class DQN(Checkpointed):
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
         self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
         self.compiled_phase = cfg.compiled and compiled.applies(self)       # optional, see compiled.py
+        self.compile_s = compiled.warm_up() if self.compiled_phase else 0.0   # numba: compiled or cache-loaded once
         self.updates = 0
 
     def _net(self) -> QNetwork:

@@ -607,7 +607,6 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 kernels["fast"] = {"fastpath": True}
             if compiled.available() and compiled.applies(make_algorithm(replace(cfg, compiled=True), obs_space,
                                                                         act_space, "cpu")):
-                compiled.warm_up()
                 kernels["compiled"] = {"compiled": True}
             per_step = {}
             if len(kernels) > 1:

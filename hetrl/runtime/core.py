@@ -281,7 +281,10 @@ class LearnerCore:
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
-               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures()}
+               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures(),
+               "learner_kernel": ("compiled" if getattr(self.algo, "compiled_phase", False) else
+                                  "fast" if getattr(self.algo, "fast", None) else "public"),
+               "compile_s": getattr(self.algo, "compile_s", 0.0)}
         out.update(peak_memory(self.device))
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
