@@ -73,40 +73,67 @@ if numba is not None:
             flat[p] -= step_size * m / (np.sqrt(v) / bc2f + e)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _dqn_mlp_phase(obs, action, target, weight, sizes, flat, grad, exp_avg, exp_avg_sq, step,
-                       lr, beta1, beta2, eps, max_norm, td_out):  # pragma: no cover - compiled
-        """K updates of mean(w * huber(Q(s)[a] - target)) on an MLP whose parameters (per layer: weight
-        (out, in), then bias) are views of `flat`; Adam as torch's fused CPU kernel; td_out[k] = Q - target."""
-        K, B = action.shape
-        L = sizes.shape[0] - 1
-        offs = np.empty(L, np.int64)
+    def _offsets(sizes):  # pragma: no cover - compiled
+        """Where each layer's weight (out, in) and then bias start in a flat parameter buffer."""
+        offs = np.empty(sizes.shape[0] - 1, np.int64)
         o = 0
-        for l in range(L):
+        for l in range(sizes.shape[0] - 1):
             offs[l] = o
             o += sizes[l + 1] * sizes[l] + sizes[l + 1]
+        return offs
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _forward(flat, sizes, offs, x, acts):  # pragma: no cover - compiled
+        """acts[l] = relu(acts[l-1] @ W_l.T + b_l) (acts[-1] = x; no relu on the last layer)."""
+        L = sizes.shape[0] - 1
+        for l in range(L):
+            fi, fo = sizes[l], sizes[l + 1]
+            W = flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
+            b = flat[offs[l] + fo * fi:offs[l] + fo * fi + fo]
+            a = acts[l]
+            np.dot(x if l == 0 else acts[l - 1], W.T, a)
+            last = l == L - 1
+            for i in range(a.shape[0]):
+                for j in range(fo):
+                    v = a[i, j] + b[j]
+                    a[i, j] = v if (last or v > 0) else np.float32(0.0)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _dqn_mlp_phase(obs, action, reward, next_obs, discount, weight, sizes, flat, target_flat, double,
+                       grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, td_out):  # pragma: no cover
+        """K updates of mean(w * huber(Q(s)[a] - y)) on an MLP whose parameters (per layer: weight
+        (out, in), then bias) are views of `flat`, with y = r + discount * Q_target(s')[a'] where a' is
+        argmax Q_target(s') (plain; all K from one pass of the fixed target net) or argmax Q(s') at the
+        current parameters (double); Adam as torch's fused CPU kernel; td_out[k] = Q(s)[a] - y."""
+        K, B = action.shape
+        L = sizes.shape[0] - 1
+        A = sizes[L]
+        offs = _offsets(sizes)
         acts = [np.empty((B, sizes[l + 1]), np.float32) for l in range(L)]   # layer outputs
         grads = [np.empty((B, sizes[l]), np.float32) for l in range(L + 1)]  # dloss/d(layer input)
+        # the target net is fixed during the phase: its Q(s') for all K batches in one pass
+        tacts = [np.empty((K * B, sizes[l + 1]), np.float32) for l in range(L)]
+        _forward(target_flat, sizes, offs, next_obs.reshape((K * B, sizes[0])), tacts)
+        next_q = tacts[L - 1].reshape((K, B, A))
+        target = np.empty(B, np.float32)
         one = np.float32(1.0)
         for k in range(K):
+            if double:  # a' from the online net as it is now
+                _forward(flat, sizes, offs, next_obs[k], acts)
+            for i in range(B):
+                best = 0
+                for j in range(1, A):
+                    if (acts[L - 1][i, j] > acts[L - 1][i, best]) if double else (next_q[k, i, j] > next_q[k, i, best]):
+                        best = j
+                target[i] = reward[k, i] + discount[k, i] * next_q[k, i, best]
             x = obs[k]
-            # forward: a_l = relu(a_{l-1} @ W_l.T + b_l), no relu on the Q head
-            for l in range(L):
-                fi, fo = sizes[l], sizes[l + 1]
-                W = flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
-                b = flat[offs[l] + fo * fi:offs[l] + fo * fi + fo]
-                a = acts[l]
-                np.dot(x if l == 0 else acts[l - 1], W.T, a)
-                last = l == L - 1
-                for i in range(B):
-                    for j in range(fo):
-                        v = a[i, j] + b[j]
-                        a[i, j] = v if (last or v > 0) else np.float32(0.0)
+            _forward(flat, sizes, offs, x, acts)
             # d/dq of the loss: w * clip(td, -1, 1) / B at the taken action
             g = grads[L]
             g[:, :] = 0
             for i in range(B):
                 ai = action[k, i]
-                td = acts[L - 1][i, ai] - target[k, i]
+                td = acts[L - 1][i, ai] - target[i]
                 td_out[k, i] = td
                 c = min(max(td, -one), one)
                 g[i, ai] = weight[k, i] * c / np.float32(B)
@@ -146,10 +173,13 @@ def _limit_blas(threads: int) -> None:
         _blas_threads[:] = [threads]
 
 
-def dqn_phase(algo, obs: torch.Tensor, action: torch.Tensor, target: torch.Tensor,
-              weights: torch.Tensor) -> torch.Tensor:
-    """The K updates of a DQN phase (obs (K, B, D), action (K, B), target and weights (K, B)) in one
-    compiled call on the algorithm's own buffers; returns td = Q(s, a) - target of shape (K, B)."""
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.numpy(), np.float32)
+
+
+def dqn_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """The K updates of a DQN phase (batches of shape (K, B, ...), weights (K, B)) in one compiled call
+    on the algorithm's own buffers, targets included; returns td = Q(s, a) - y of shape (K, B)."""
     opt = algo.opt
     st = opt.opt.state[opt.param]
     if not st:  # torch.optim.Adam's state, created as its first step would
@@ -163,13 +193,16 @@ def dqn_phase(algo, obs: torch.Tensor, action: torch.Tensor, target: torch.Tenso
     sizes = np.array([lin.in_features for lin in algo.q.q if isinstance(lin, torch.nn.Linear)]
                      + [algo.n_actions], dtype=np.int64)
     _limit_blas(torch.get_num_threads())
-    td = np.empty(tuple(action.shape), np.float32)
-    step = st["step"].view(1).numpy()
+    b = batches
     with torch.no_grad():
-        _dqn_mlp_phase(np.ascontiguousarray(obs.numpy(), np.float32), np.ascontiguousarray(action.numpy(), np.int64),
-                       np.ascontiguousarray(target.numpy(), np.float32), np.ascontiguousarray(weights.numpy(), np.float32),
-                       sizes, opt.flat.numpy(), opt.grad.numpy(), st["exp_avg"].numpy(), st["exp_avg_sq"].numpy(),
-                       step, float(g["lr"]), float(beta1), float(beta2), float(g["eps"]), float(opt.max_grad_norm), td)
+        discount = algo.cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        target_flat = torch.cat([p.reshape(-1) for p in algo.q_target.parameters()])
+        td = np.empty(tuple(b["action"].shape), np.float32)
+        _dqn_mlp_phase(_f32(b["obs"]), np.ascontiguousarray(b["action"].numpy(), np.int64), _f32(b["reward"]),
+                       _f32(b["next_obs"]), _f32(discount), _f32(weights), sizes, opt.flat.numpy(),
+                       target_flat.numpy(), bool(algo.cfg.double), opt.grad.numpy(), st["exp_avg"].numpy(),
+                       st["exp_avg_sq"].numpy(), st["step"].view(1).numpy(), float(g["lr"]), float(beta1),
+                       float(beta2), float(g["eps"]), float(opt.max_grad_norm), td)
     return torch.from_numpy(td)
 
 
@@ -180,9 +213,10 @@ def warm_up() -> float:
     t = time.perf_counter()
     K, B, sizes = 1, 2, np.array([2, 3, 2], np.int64)
     n = 2 * 3 + 3 + 3 * 2 + 2
-    z = np.zeros(n, np.float32)
-    _dqn_mlp_phase(np.zeros((K, B, 2), np.float32), np.zeros((K, B), np.int64), np.zeros((K, B), np.float32),
-                   np.ones((K, B), np.float32), sizes, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(1, np.float32),
-                   1e-3, 0.9, 0.999, 1e-8, 10.0, np.empty((K, B), np.float32))
+    z, kb = np.zeros(n, np.float32), np.zeros((K, B), np.float32)
+    for double in (False, True):
+        _dqn_mlp_phase(np.zeros((K, B, 2), np.float32), np.zeros((K, B), np.int64), kb, np.zeros((K, B, 2), np.float32),
+                       kb, kb + 1, sizes, z.copy(), z.copy(), double, z.copy(), z.copy(), z.copy(),
+                       np.zeros(1, np.float32), 1e-3, 0.9, 0.999, 1e-8, 10.0, np.empty((K, B), np.float32))
     return time.perf_counter() - t
 

@@ -150,17 +150,11 @@ class DQN(Checkpointed):
         of shape (K, B) for the priorities.  The target net is fixed during the K steps, so
         (plain DQN) all K targets come from one batched forward pass."""
         K = weights.shape[0]
+        if self.compiled_phase:  # the same K updates, targets included, as one native call (compiled.py)
+            self.updates += K
+            return compiled.dqn_phase(self, batches, weights).abs_()
         fixed = not self.cfg.double
         targets = self._targets(batches) if fixed else None
-        if self.compiled_phase:  # the same K updates as one native call (compiled.py); double DQN: one per step
-            if fixed:
-                td_all = compiled.dqn_phase(self, batches["obs"], batches["action"], targets, weights)
-            else:
-                td_all = torch.cat([compiled.dqn_phase(self, batches["obs"][k:k + 1], batches["action"][k:k + 1],
-                                                       self._targets({key: v[k] for key, v in batches.items()})[None],
-                                                       weights[k:k + 1]) for k in range(K)])
-            self.updates += K
-            return td_all.abs_()
         td_all = torch.empty_like(weights)
         for k in range(K):
             b = {key: v[k] for key, v in batches.items()}
