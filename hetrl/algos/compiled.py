@@ -24,16 +24,21 @@ import time
 import numpy as np
 import torch
 
-try:  # numba is a dependency; its BLAS bindings need scipy
+try:  # numba is a dependency
     import numba
-    import scipy.linalg.cython_blas  # noqa: F401
 except ImportError:  # pragma: no cover - reported by available()
     numba = None
 
 
 def available() -> bool:
-    """Whether numba (with scipy's BLAS) is importable here."""
-    return numba is not None
+    """Whether numba, and the scipy whose BLAS numba's np.dot calls, are importable here."""
+    if numba is None:
+        return False
+    try:
+        import scipy.linalg.cython_blas  # noqa: F401
+    except ImportError:  # pragma: no cover
+        return False
+    return True
 
 
 def applies(algo) -> bool:
