@@ -308,9 +308,9 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
         if "learning dynamics" in line:
             note(line)
     new = result.apply(cfg)
-    for key in ("fastpath", "compiled"):  # the learner kernel the profile measured fastest
+    for key in ("fastpath", "compiled"):  # the CPU learner kernel the profile measured fastest (on the CPU)
         if key not in settings:
-            new = dataclasses.replace(new, **{key: bool(getattr(result, key))})
+            new = dataclasses.replace(new, **{key: bool(getattr(result, key)) and p.learner_device == "cpu"})
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()
