@@ -1,20 +1,20 @@
 """The learner's optional compiled CPU phase: all K gradient steps of one DQN phase in one native call.
 
 The loss is written once, in hetrl/algos/dqn.py (autograd and `torch.optim.Adam(fused=True)`): that
-is the reference. On a CPU, one update of a small MLP costs ~1 ms in torch, of which the arithmetic
-(three 64x256x256 matrix products) is ~0.3 ms at this CPU's single-thread BLAS speed; the rest is
-per-op dispatch and Python. This module runs the same K updates of a phase (forward, the Huber loss's
-gradient, backward, gradient-norm clip, Adam) as one numba-compiled loop whose matrix products are
-BLAS calls, so a phase pays one call's overhead instead of ~40 ops x K. What stays in torch: the
-phase's targets (one batched forward of the fixed target network, dqn.py) and everything else.
+is the reference. On a CPU, one update of a small MLP costs ~1.4 ms in torch eager, of which the
+arithmetic (three 64x256x256 matrix products) is ~0.3 ms at this CPU's single-thread BLAS speed; the
+rest is per-op dispatch and Python. This module runs the same K updates of a phase (the targets:
+one pass of the fixed target network over all K batches, or the online argmax per step for double
+DQN; forward, the Huber loss's gradient, backward, gradient-norm clip, Adam) as one numba-compiled
+loop whose matrix products are BLAS calls, so a phase pays one call's overhead instead of ~40 ops x K.
 
 It applies to DQN with a plain Linear-ReLU Q-network on vector observations (not dueling, not
 pixels) on a CPU learner, and works on the same buffers as the eager path: the FlatAdam parameter
 and gradient buffers and torch.optim.Adam's own state (exp_avg, exp_avg_sq, step), so checkpoints,
 publishing and a switch back to eager see one state. Adam and the clip follow torch's formulas
-(`_fused_adam_` on CPU, `clip_grad_norm_`); tests/test_compiled.py checks parameters equal to the
-eager path's within float tolerance after many steps. It is chosen by `Config.kernel`, which the
-planner's profile sets to whichever of eager / fast path / compiled it measures fastest here.
+(`_fused_adam_` on CPU, `clip_grad_norm_`); tests/test_compiled.py checks TD errors, parameters and
+Adam moments equal to the eager path's within float tolerance. It is chosen by `Config.compiled`,
+which the planner's profile sets where it measures this kernel the fastest of public / fast / compiled.
 """
 
 from __future__ import annotations
