@@ -597,25 +597,22 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         # every learner figure below is of the chosen one
         from dataclasses import replace
 
-        from hetrl.algos import compiled, fastpath
-
         data["fastpath"] = {"chosen": False, "kernel": "public"}
         if "cpu" in devices:
             K = max(grid["k_groups"] or [1])
-            kernels = {"public": {}}
-            if fastpath.available():
-                kernels["fast"] = {"fastpath": True}
-            if compiled.available() and compiled.applies(make_algorithm(replace(cfg, compiled=True), obs_space,
-                                                                        act_space, "cpu")):
-                kernels["compiled"] = {"compiled": True}
+            flags = {"public": {}, "fast": {"fastpath": True}, "compiled": {"compiled": True}}
+            algos = {name: make_algorithm(replace(cfg, **f), obs_space, act_space, "cpu") for name, f in flags.items()}
+            # a kernel that does not apply here (torch without the private calls, a CNN, SAC...) fell back to
+            # the public path: not timed twice
+            took = {"public": True, "fast": getattr(algos["fast"], "fast", None) is not None,
+                    "compiled": getattr(algos["compiled"], "compiled_phase", False)}
+            algos = {n: a for n, a in algos.items() if took[n]}
             per_step = {}
-            if len(kernels) > 1:
-                for name, flags in kernels.items():
+            if len(algos) > 1:
+                for name, algo in algos.items():
                     say(f"learner kernel on cpu ({name}), {K} steps")
-                    algo = make_algorithm(replace(cfg, **flags), obs_space, act_space, "cpu")
                     batch, wts = synth(cfg.batch_size, K, "cpu")
                     per_step[name] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
-            if per_step:
                 best = min(per_step, key=per_step.get)
                 data["fastpath"] = {**{f"{n}_s": s for n, s in per_step.items()}, "kernel": best,
                                     "chosen": best == "fast"}
