@@ -1,58 +1,74 @@
 #!/usr/bin/env python
-# Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [td3] [sac]
-"""One update of TD3 / SAC (Pendulum presets, batch 256) on one thread: ms/update, profiler breakdown,
-achieved GFLOP/s against a single-thread torch.mm peak."""
-import sys, time
+# Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [ddpg] [td3] [sac] [--threads 1]
+"""One update of DDPG / TD3 / SAC (Pendulum presets, batch 256): ms/update of the public (autograd) path
+and the compiled phase (hetrl/algos/compiled.py), alternating, and the achieved GFLOP/s of each against
+this CPU's torch.mm speed on the layer shapes, measured in the same run. The FLOPs of an update are the
+matrix products the torch profiler counts on the public path (the compiled phase does the same ones)."""
+import argparse
+import time
+
 import gymnasium as gym
 import torch
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
 from hetrl.algos import make_algorithm
 from hetrl.config import make_config
 
-torch.set_num_threads(1)
+ap = argparse.ArgumentParser()
+ap.add_argument("algos", nargs="*", default=["ddpg", "td3", "sac"])
+ap.add_argument("--threads", type=int, default=1)
+ap.add_argument("--rounds", type=int, default=5)
+args = ap.parse_args()
+torch.set_num_threads(args.threads)
 torch.manual_seed(0)
 obs_s, act_s = gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,))
+
 
 def batch(K, B=256):
     return {"obs": torch.randn(K, B, 3), "action": torch.rand(K, B, 1) * 2 - 1, "reward": torch.randn(K, B),
             "next_obs": torch.randn(K, B, 3), "terminated": torch.zeros(K, B, dtype=torch.bool),
             "truncated": torch.zeros(K, B, dtype=torch.bool), "steps": torch.ones(K, B, dtype=torch.uint8)}
 
+
 def peak(m, k, n, reps=300):
     a, b = torch.randn(m, k), torch.randn(k, n)
-    for _ in range(20): torch.mm(a, b)
+    for _ in range(20):
+        torch.mm(a, b)
     best = []
     for _ in range(5):
         t = time.perf_counter()
-        for _ in range(reps): torch.mm(a, b)
+        for _ in range(reps):
+            torch.mm(a, b)
         best.append((time.perf_counter() - t) / reps)
-    s = min(best)
-    return 2 * m * k * n / s / 1e9, s
+    return 2 * m * k * n / min(best) / 1e9
 
-print("single-thread torch.mm peak (GFLOP/s, best of 5):")
-for shape in [(256, 256, 256), (256, 400, 300), (256, 300, 400), (512, 512, 512)]:
-    g, s = peak(*shape)
-    print(f"  {shape}: {g:.1f} GFLOP/s ({s*1e6:.0f} us)")
 
-for algo in sys.argv[1:] or ["td3", "sac"]:
-    cfg = make_config(algo, "Pendulum-v1", {"threads": 1})
-    a = make_algorithm(cfg, obs_s, act_s)
-    b, w = batch(1), torch.ones(1, 256)
-    for _ in range(30): a.learn(b, w)
-    times = []
-    for _ in range(5):
-        n = 60
-        t = time.perf_counter()
-        for _ in range(n): a.learn(b, w)
-        times.append((time.perf_counter() - t) / n)
-    ms = min(times) * 1e3
+for algo in args.algos:
+    cfg = make_config(algo, "Pendulum-v1", {"threads": args.threads})
+    h = cfg.net_arch
+    mm_peak = peak(cfg.batch_size, h[0], h[-1])
+    kernels = {"public": make_algorithm(cfg, obs_s, act_s),
+               "compiled": make_algorithm(make_config(algo, "Pendulum-v1", {"threads": args.threads, "compiled": True}),
+                                          obs_s, act_s)}
+    b, w = batch(1, cfg.batch_size), torch.ones(1, cfg.batch_size)
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-        for _ in range(20): a.learn(b, w)
-    ev = prof.key_averages()
-    flops = sum(e.flops for e in ev) / 20
-    tot = sum(e.self_cpu_time_total for e in ev)
-    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul"))
-    print(f"\n{algo} net_arch={cfg.net_arch} batch 256: {ms:.2f} ms/update (best of 5 x 60, median {sorted(times)[2]*1e3:.2f}); "
-          f"matmul FLOPs/update {flops/1e9:.3f} GFLOP (profiler) -> {flops/1e9/(ms/1e3):.1f} GFLOP/s achieved")
-    print(f"  profiler self CPU: matmul (mm/addmm) {mm/tot*100:.0f}% of {tot/20/1e3:.2f} ms/update (profiled, with overhead)")
-    print(ev.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=38))
+        for _ in range(20):
+            kernels["public"].learn(b, w)
+    flops = sum(e.flops for e in prof.key_averages()) / 20
+    times = {k: [] for k in kernels}
+    for a in kernels.values():
+        for _ in range(20):
+            a.learn(b, w)
+    for _ in range(args.rounds):
+        for name, a in kernels.items():   # alternating
+            n = 40
+            t = time.perf_counter()
+            for _ in range(n):
+                a.learn(b, w)
+            times[name].append((time.perf_counter() - t) / n)
+    print(f"{algo} net_arch={h} batch {cfg.batch_size}, {args.threads} thread(s): {flops / 1e9:.3f} GFLOP/update; "
+          f"torch.mm ({cfg.batch_size},{h[0]},{h[-1]}) {mm_peak:.1f} GFLOP/s")
+    for name, ts in times.items():
+        ms = sorted(ts)[len(ts) // 2] * 1e3
+        g = flops / 1e9 / (ms / 1e3)
+        print(f"  {name:9s} {ms:6.2f} ms/update (median of {len(ts)} x 40)  {g:5.1f} GFLOP/s = {g / mm_peak * 100:3.0f}% of mm")

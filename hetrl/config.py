@@ -47,7 +47,7 @@ class Config:
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
     check_finite: bool = True          # stop at the first NaN/inf in inserted data or in the learner's TD errors
     fastpath: bool = False              # CPU learner: hand-derived gradients (algos/fastpath.py); the planner turns it on where faster
-    compiled: bool = False              # CPU learner: each phase as one numba call (algos/compiled.py; DQN MLP); the planner turns it on where faster
+    compiled: bool = False              # CPU learner: each phase as one numba call (algos/compiled.py; DQN/DDPG/TD3/SAC MLPs); the planner turns it on where faster
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
     envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)

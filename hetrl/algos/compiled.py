@@ -1,20 +1,30 @@
-"""The learner's optional compiled CPU phase: all K gradient steps of one DQN phase in one native call.
+"""The learner's optional compiled CPU phase: all K gradient steps of one phase in one native call.
 
-The loss is written once, in hetrl/algos/dqn.py (autograd and `torch.optim.Adam(fused=True)`): that
-is the reference. On a CPU, one update of a small MLP costs ~1.4 ms in torch eager, of which the
-arithmetic (three 64x256x256 matrix products) is ~0.3 ms at this CPU's single-thread BLAS speed; the
-rest is per-op dispatch and Python. This module runs the same K updates of a phase (the targets:
-one pass of the fixed target network over all K batches, or the online argmax per step for double
-DQN; forward, the Huber loss's gradient, backward, gradient-norm clip, Adam) as one numba-compiled
-loop whose matrix products are BLAS calls, so a phase pays one call's overhead instead of ~40 ops x K.
+The losses are written once, in hetrl/algos/dqn.py, ddpg.py, td3.py and sac.py (autograd and
+`torch.optim.Adam(fused=True)`): that is the reference. On a CPU, one update of a small MLP costs
+~1.4 ms in torch eager, of which the arithmetic (three 64x256x256 matrix products) is ~0.3 ms at
+this CPU's single-thread BLAS speed; the rest is per-op dispatch and Python. This module runs the
+same K updates of a phase as one numba-compiled loop (nogil) whose matrix products are BLAS calls,
+so a phase pays one call's overhead instead of ~40-200 ops x K:
 
-It applies to DQN with a plain Linear-ReLU Q-network on vector observations (not dueling, not
-pixels) on a CPU learner, and works on the same buffers as the eager path: the FlatAdam parameter
-and gradient buffers and torch.optim.Adam's own state (exp_avg, exp_avg_sq, step), so checkpoints,
-publishing and a switch back to eager see one state. Adam and the clip follow torch's formulas
-(`_fused_adam_` on CPU, `clip_grad_norm_`); tests/test_compiled.py checks TD errors, parameters and
-Adam moments equal to the eager path's within float tolerance. It is chosen by `Config.compiled`,
-which the planner's profile sets where it measures this kernel the fastest of public / fast / compiled.
+* DQN (`_dqn_mlp_phase`): the targets (one pass of the fixed target network over all K batches, or
+  the online argmax per step for double DQN), forward, the Huber loss's gradient, backward,
+  gradient-norm clip, Adam;
+* DDPG and TD3 (`_ac_phase`): the (twin-min, smoothed) target, the critics' squared error, the
+  delayed actor step through the critic's input gradient, the Polyak targets;
+* SAC (`_sac_phase`): the squashed-Gaussian actor and its log-prob, the entropy coefficient's Adam
+  step, the soft twin-min target, the critics, the actor loss through min(Q1, Q2) and the tanh
+  correction, the Polyak targets; the Gaussian noise comes from torch's RNG, drawn in the eager
+  path's order, so both paths see the same numbers.
+
+It applies to these algorithms with their plain Linear-ReLU networks on vector observations (not
+dueling, not pixels) on a CPU learner, and works on the same buffers as the eager path: the FlatAdam
+parameter and gradient buffers, the flat target buffers and torch.optim.Adam's own state (exp_avg,
+exp_avg_sq, step), so checkpoints, publishing and a switch back to eager see one state. Adam and the
+clip follow torch's formulas (`_fused_adam_` on CPU, `clip_grad_norm_`); tests/test_compiled.py
+checks TD errors, parameters, targets and Adam moments equal to the eager path's within float
+tolerance. It is chosen by `Config.compiled`, which the planner's profile sets where it measures this
+kernel the fastest of public / fast / compiled.
 """
 
 from __future__ import annotations
@@ -23,6 +33,9 @@ import time
 
 import numpy as np
 import torch
+from torch import nn
+
+from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN
 
 try:  # numba is a dependency
     import numba
@@ -41,10 +54,55 @@ def available() -> bool:
     return True
 
 
+def _sizes(seq: nn.Sequential, last: type[nn.Module] | None) -> np.ndarray | None:
+    """[in, h1, ..., out] of a Linear-ReLU-...-Linear stack ending in `last` (an activation, or None),
+    or None for any other structure (which then keeps the eager path)."""
+    layers = list(seq)
+    if last is not None:
+        if not layers or not isinstance(layers[-1], last):
+            return None
+        layers = layers[:-1]
+    lin = layers[0::2]
+    if (not layers or len(layers) % 2 == 0 or not all(isinstance(m, nn.Linear) for m in lin)
+            or not all(type(m) is nn.ReLU for m in layers[1::2])):
+        return None
+    return np.array([lin[0].in_features] + [m.out_features for m in lin], np.int64)
+
+
+def _nets(algo) -> dict | None:
+    """The sizes of `algo`'s networks as the compiled phases take them, or None where they do not apply."""
+    if algo.name == "dqn":
+        sizes = _sizes(algo.q.q, None) if not algo.cfg.dueling else None
+        return None if sizes is None else {"q": sizes}
+    if algo.name in ("ddpg", "td3", "sac"):
+        critic = algo.critic if algo.name == "ddpg" else algo.critics[0]
+        if algo.name == "sac":
+            actor = _sizes(algo.actor.body, nn.ReLU)
+            heads = all(type(getattr(algo.actor, n)) is nn.Linear for n in ("mean", "log_std"))
+            actor = actor if heads else None
+        else:
+            actor = _sizes(algo.actor.mu, nn.Tanh)
+        critic = _sizes(critic.q, None)
+        return None if actor is None or critic is None else {"actor": actor, "critic": critic}
+    return None
+
+
 def applies(algo) -> bool:
-    """Whether `algo` has a compiled phase: DQN, plain MLP Q-network, vector observations, on a CPU."""
-    return (available() and algo.name == "dqn" and not algo.cfg.dueling and not getattr(algo, "pixels", False)
-            and len(algo.obs_shape) == 1 and algo.device.type == "cpu" and algo.opt.flat.dtype == torch.float32)
+    """Whether `algo` has a compiled phase: DQN (plain MLP, not dueling), DDPG, TD3 or SAC (their MLPs),
+    on vector observations, on a CPU learner, in float32."""
+    if not available() or getattr(algo, "pixels", False) or len(algo.obs_shape) != 1 or algo.device.type != "cpu":
+        return False
+    opts = [algo.opt] if algo.name == "dqn" else [getattr(algo, "actor_opt", None), getattr(algo, "critic_opt", None)]
+    if not all(hasattr(o, "flat") and o.flat.dtype == torch.float32 for o in opts):
+        return False
+    return _nets(algo) is not None
+
+
+def attach(algo) -> None:
+    """Set `algo.compiled_phase` (Config.compiled and it applies) and `algo.compile_s` (numba compiles, or
+    loads from its cache, once per process: the seconds it took)."""
+    algo.compiled_phase = bool(algo.cfg.compiled) and applies(algo)
+    algo.compile_s = warm_up(algo.name) if algo.compiled_phase else 0.0
 
 
 if numba is not None:
@@ -104,6 +162,14 @@ if numba is not None:
                     a[i, j] = v if (last or v > 0) else np.float32(0.0)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _relu_grad(g, y):  # pragma: no cover - compiled
+        """g *= (y > 0): ReLU's backward from its output (threshold_backward), written branch-free so that
+        LLVM vectorises it (a conditional store does not: 5x slower)."""
+        for i in range(g.shape[0]):
+            for j in range(g.shape[1]):
+                g[i, j] = g[i, j] if y[i, j] > 0 else np.float32(0.0)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _dqn_mlp_phase(obs, action, reward, next_obs, discount, weight, sizes, flat, target_flat, double,
                        grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, td_out):  # pragma: no cover
         """K updates of mean(w * huber(Q(s)[a] - y)) on an MLP whose parameters (per layer: weight
@@ -158,12 +224,301 @@ if numba is not None:
                     W = flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
                     gp = grads[l]
                     np.dot(gl, W, gp)
-                    ap = acts[l - 1]
-                    for i in range(B):
-                        for j in range(fi):
-                            if ap[i, j] <= 0:
-                                gp[i, j] = 0
+                    _relu_grad(gp, acts[l - 1])
             _clip_adam(flat, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)
+
+
+    # ---- generic MLP pieces for the actor-critic phases (DDPG, TD3, SAC) ---------------------------------
+    # A network is `sizes` = [in, h1, ..., out] and the offset `o` of its first parameter in a flat buffer
+    # (per layer: weight (out, in), then bias: the order of nn.Module.parameters()). Hidden layers are
+    # ReLU; the last layer's activation is NONE, RELU or TANH. `acts[base + l]` holds layer l's output.
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _nparams(sizes):  # pragma: no cover - compiled
+        n = 0
+        for l in range(sizes.shape[0] - 1):
+            n += sizes[l + 1] * sizes[l] + sizes[l + 1]
+        return n
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _fwd(flat, o, sizes, x, acts, base, out_act):  # pragma: no cover - compiled
+        """acts[base + l] = act(acts[base + l - 1] @ W_l.T + b_l), acts[base - 1] = x."""
+        L = sizes.shape[0] - 1
+        for l in range(L):
+            fi, fo = sizes[l], sizes[l + 1]
+            W = flat[o:o + fo * fi].reshape((fo, fi))
+            b = flat[o + fo * fi:o + fo * fi + fo]
+            o += fo * fi + fo
+            a = acts[base + l]
+            if l == 0:
+                np.dot(x, W.T, a)
+            else:
+                np.dot(acts[base + l - 1], W.T, a)
+            act = 1 if l < L - 1 else out_act
+            for i in range(a.shape[0]):
+                for j in range(fo):
+                    v = a[i, j] + b[j]
+                    if act == 1:
+                        v = v if v > 0 else np.float32(0.0)
+                    elif act == 2:
+                        v = np.tanh(v)
+                    a[i, j] = v
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _bwd(flat, grad, o, sizes, x, acts, base, g, gs, params, input_grad, out_act):  # pragma: no cover
+        """Backward of _fwd for a loss whose gradient w.r.t. the (activated) output is `g` (overwritten):
+        parameter gradients written into `grad` (same offsets as `flat`) if `params`; the gradient
+        w.r.t. the input left in gs[0] if `input_grad` (gs[l]: (B, sizes[l]) scratch)."""
+        L = sizes.shape[0] - 1
+        y = acts[base + L - 1]
+        if out_act == 1:
+            _relu_grad(g, y)
+        elif out_act == 2:
+            for i in range(g.shape[0]):
+                for j in range(g.shape[1]):
+                    g[i, j] *= np.float32(1.0) - y[i, j] * y[i, j]
+        offs = np.empty(L, np.int64)
+        for l in range(L):
+            offs[l] = o
+            o += sizes[l + 1] * sizes[l] + sizes[l + 1]
+        for l in range(L - 1, -1, -1):
+            fi, fo = sizes[l], sizes[l + 1]
+            if params:
+                dW = grad[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
+                db = grad[offs[l] + fo * fi:offs[l] + fo * fi + fo]
+                if l == 0:
+                    np.dot(g.T, x, dW)
+                else:
+                    np.dot(g.T, acts[base + l - 1], dW)
+                db[:] = 0
+                for i in range(g.shape[0]):
+                    for j in range(fo):
+                        db[j] += g[i, j]
+            if l > 0 or input_grad:
+                gp = gs[l]
+                np.dot(g, flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi)), gp)
+                if l > 0:
+                    _relu_grad(gp, acts[base + l - 1])
+                g = gp
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _mat(ws, pos, r, c):  # pragma: no cover - compiled
+        """The next (r, c) float32 buffer carved from the workspace `ws` (pos[0]: the first free float).
+        The phases take their scratch from one workspace kept across calls: fresh buffers of a few 100 KB
+        each call were fresh pages (~1,200 page faults per SAC step, 1.5 ms of its 7.5)."""
+        n = r * c
+        if pos[0] + n > ws.shape[0]:
+            raise ValueError("compiled phase: workspace too small")
+        out = ws[pos[0]:pos[0] + n].reshape((r, c))
+        pos[0] += n
+        return out
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _cat(a, b, out):  # pragma: no cover - compiled
+        """out = [a, b] along the features (a critic's input: observation, action)."""
+        da = a.shape[1]
+        for i in range(out.shape[0]):
+            for j in range(da):
+                out[i, j] = a[i, j]
+            for j in range(b.shape[1]):
+                out[i, da + j] = b[i, j]
+
+    @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+    def _polyak(target, source, tau):  # pragma: no cover - compiled
+        """target <- target + tau (source - target): torch's lerp_(source, tau) for tau < 0.5."""
+        t = np.float32(tau)
+        for p in range(target.shape[0]):
+            target[p] += t * (source[p] - target[p])
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _ac_phase(obs, action, reward, next_obs, discount, weight, noise, asizes, csizes, n_critics,
+                  actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, actor_t, critic_t,
+                  updates, delay, hp, ws, td_out):  # pragma: no cover - compiled
+        """K steps of DDPG (n_critics 1, delay 1, noise 0) or TD3 (twin critics, smoothing noise, delay):
+        y = r + discount * min_c Q_c_t(s', clip(mu_t(s') + noise, -1, 1)); critic loss sum_c mean(w (Q_c(s, a) - y)^2);
+        every delay-th step the actor loss -mean(Q_1(s, mu(s))) and the Polyak targets. Returns the step count."""
+        K, B, do = obs.shape
+        A = action.shape[2]
+        alr, clr, b1, b2, eps, max_norm, tau = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
+        La, Lc = asizes.shape[0] - 1, csizes.shape[0] - 1
+        nc = _nparams(csizes)
+        pos = np.zeros(1, np.int64)
+        aacts = [_mat(ws, pos, B, asizes[l + 1]) for l in range(La)]
+        ags = [_mat(ws, pos, B, asizes[l]) for l in range(La)]
+        cacts = [_mat(ws, pos, B, csizes[l + 1]) for l in range(Lc)]
+        cgs = [_mat(ws, pos, B, csizes[l]) for l in range(Lc)]
+        x, na, gmu, g = _mat(ws, pos, B, do + A), _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, 1)
+        y = _mat(ws, pos, 1, B)[0]
+        one, Bf = np.float32(1.0), np.float32(B)
+        for k in range(K):
+            _fwd(actor_t, 0, asizes, next_obs[k], aacts, 0, 2)
+            mu_t = aacts[La - 1]
+            for i in range(B):
+                for j in range(A):
+                    na[i, j] = min(max(mu_t[i, j] + noise[k, i, j], -one), one)
+            _cat(next_obs[k], na, x)
+            for c in range(n_critics):
+                _fwd(critic_t, c * nc, csizes, x, cacts, 0, 0)
+                q = cacts[Lc - 1]
+                for i in range(B):
+                    y[i] = q[i, 0] if c == 0 else min(y[i], q[i, 0])
+            for i in range(B):
+                y[i] = reward[k, i] + discount[k, i] * y[i]
+                td_out[k, i] = 0
+            _cat(obs[k], action[k], x)
+            for c in range(n_critics):
+                _fwd(critic, c * nc, csizes, x, cacts, 0, 0)
+                q = cacts[Lc - 1]
+                for i in range(B):
+                    td = q[i, 0] - y[i]
+                    td_out[k, i] += abs(td) / np.float32(n_critics)
+                    g[i, 0] = np.float32(2.0) * weight[k, i] * td / Bf
+                _bwd(critic, cgrad, c * nc, csizes, x, cacts, 0, g, cgs, True, False, 0)
+            _clip_adam(critic, cgrad, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+            updates += 1
+            if updates % delay == 0:
+                _fwd(actor, 0, asizes, obs[k], aacts, 0, 2)
+                _cat(obs[k], aacts[La - 1], x)
+                _fwd(critic, 0, csizes, x, cacts, 0, 0)
+                for i in range(B):
+                    g[i, 0] = -one / Bf
+                _bwd(critic, cgrad, 0, csizes, x, cacts, 0, g, cgs, False, True, 0)
+                for i in range(B):
+                    for j in range(A):
+                        gmu[i, j] = cgs[0][i, do + j]
+                _bwd(actor, agrad, 0, asizes, obs[k], aacts, 0, gmu, ags, True, False, 2)
+                _clip_adam(actor, agrad, am, av, astep, alr, b1, b2, eps, max_norm)
+                _polyak(critic_t, critic, tau)
+                _polyak(actor_t, actor, tau)
+        return updates
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _squashed(actor, asizes, x, acts, e, mean, lsr, u, a, logp):  # pragma: no cover - compiled
+        """SAC's actor on x: (mean, raw log_std) heads on the ReLU body, u = mean + exp(clamp(log_std)) e,
+        a = tanh(u), log pi(a|s) with the stable tanh correction (as GaussianActor.sample)."""
+        B, A = mean.shape
+        La = asizes.shape[0] - 1
+        H = asizes[La]
+        _fwd(actor, 0, asizes, x, acts, 0, 1)
+        h = acts[La - 1]
+        o = _nparams(asizes)
+        np.dot(h, actor[o:o + A * H].reshape((A, H)).T, mean)
+        np.dot(h, actor[o + A * H + A:o + 2 * A * H + A].reshape((A, H)).T, lsr)
+        half_log_2pi, log2 = np.float32(0.5 * np.log(2 * np.pi)), np.float32(np.log(2.0))
+        for i in range(B):
+            s = np.float32(0.0)
+            for j in range(A):
+                m = mean[i, j] + actor[o + A * H + j]
+                mean[i, j] = m
+                r = lsr[i, j] + actor[o + 2 * A * H + A + j]
+                lsr[i, j] = r
+                ls = min(max(r, np.float32(LOG_STD_MIN)), np.float32(LOG_STD_MAX))
+                uu = m + np.exp(ls) * e[i, j]
+                u[i, j] = uu
+                a[i, j] = np.tanh(uu)
+                z = np.float32(-2.0) * uu
+                sp = z if z > 20 else np.log1p(np.exp(z))   # softplus (torch's threshold 20)
+                s += np.float32(-0.5) * e[i, j] * e[i, j] - ls - half_log_2pi
+                s -= np.float32(2.0) * (log2 - uu - sp)
+            logp[i] = s
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _sac_phase(obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, asizes, csizes,
+                   actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, critic_t,
+                   log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, ws, td_out):  # pragma: no cover - compiled
+        """K steps of SAC (the order and math of sac.py's docstring) with the Gaussian noise given:
+        eps_pi for the actor/alpha losses, eps_next for the target's next action."""
+        K, B, do = obs.shape
+        A = action.shape[2]
+        alr, clr, b1, b2, eps, max_norm, tau, te = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7]
+        al_lr, al_b1, al_b2, al_eps = hp[8], hp[9], hp[10], hp[11]
+        La, Lc = asizes.shape[0] - 1, csizes.shape[0] - 1
+        H = asizes[La]
+        ob, nc = _nparams(asizes), _nparams(csizes)
+        pos = np.zeros(1, np.int64)
+        aacts = [_mat(ws, pos, B, asizes[l + 1]) for l in range(La)]
+        nacts = [_mat(ws, pos, B, asizes[l + 1]) for l in range(La)]
+        ags = [_mat(ws, pos, B, asizes[l]) for l in range(La)]
+        cacts = [_mat(ws, pos, B, csizes[(l % Lc) + 1]) for l in range(2 * Lc)]  # both critics
+        cgs = [_mat(ws, pos, B, csizes[l]) for l in range(Lc)]
+        mean, lsr, u, a = _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A)
+        nmean, nlsr, nu, na = _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A)
+        rows = _mat(ws, pos, 5, B)
+        logp, nlogp, y, qa = rows[0], rows[1], rows[2], rows[3:5]
+        ga, dmean, dls = _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A)
+        dh, dh2 = _mat(ws, pos, B, H), _mat(ws, pos, B, H)
+        x, g = _mat(ws, pos, B, do + A), _mat(ws, pos, B, 1)
+        one, Bf = np.float32(1.0), np.float32(B)
+        for k in range(K):
+            _squashed(actor, asizes, obs[k], aacts, eps_pi[k], mean, lsr, u, a, logp)
+            alpha = np.float32(np.exp(log_alpha[0]))  # before this step's alpha update
+            if learn_alpha:
+                s = np.float32(0.0)
+                for i in range(B):
+                    s += logp[i] + np.float32(te)
+                galpha[0] = -s / Bf
+                _clip_adam(log_alpha, galpha, alm, alv, alstep, al_lr, al_b1, al_b2, al_eps, 0.0)
+            _squashed(actor, asizes, next_obs[k], nacts, eps_next[k], nmean, nlsr, nu, na, nlogp)
+            _cat(next_obs[k], na, x)
+            for c in range(2):
+                _fwd(critic_t, c * nc, csizes, x, cacts, 0, 0)
+                q = cacts[Lc - 1]
+                for i in range(B):
+                    y[i] = q[i, 0] if c == 0 else min(y[i], q[i, 0])
+            for i in range(B):
+                y[i] = reward[k, i] + discount[k, i] * (y[i] - alpha * nlogp[i])
+                td_out[k, i] = 0
+            _cat(obs[k], action[k], x)
+            for c in range(2):  # critic loss 0.5 mean(w td1^2) + 0.5 mean(w td2^2)
+                _fwd(critic, c * nc, csizes, x, cacts, 0, 0)
+                q = cacts[Lc - 1]
+                for i in range(B):
+                    td = q[i, 0] - y[i]
+                    td_out[k, i] += np.float32(0.5) * abs(td)
+                    g[i, 0] = weight[k, i] * td / Bf
+                _bwd(critic, cgrad, c * nc, csizes, x, cacts, 0, g, cgs, True, False, 0)
+            _clip_adam(critic, cgrad, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+            # actor loss mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))), critics after their step
+            _cat(obs[k], a, x)
+            for c in range(2):
+                _fwd(critic, c * nc, csizes, x, cacts, c * Lc, 0)
+                for i in range(B):
+                    qa[c, i] = cacts[c * Lc + Lc - 1][i, 0]
+            ga[:, :] = 0
+            for c in range(2):
+                for i in range(B):  # torch.min's gradient: to the smaller, halved on a tie
+                    q, other = qa[c, i], qa[1 - c, i]
+                    g[i, 0] = 0 if q > other else (-one / Bf if q < other else np.float32(-0.5) / Bf)
+                _bwd(critic, cgrad, c * nc, csizes, x, cacts, c * Lc, g, cgs, False, True, 0)
+                for i in range(B):
+                    for j in range(A):
+                        ga[i, j] += cgs[0][i, do + j]
+            for i in range(B):
+                for j in range(A):
+                    # d/du: through a = tanh(u) and the log-prob's correction (d log pi / du = 2 tanh(u))
+                    du = ga[i, j] * (one - a[i, j] * a[i, j]) + alpha / Bf * np.float32(2.0) * a[i, j]
+                    dmean[i, j] = du
+                    r = lsr[i, j]
+                    inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
+                    dls[i, j] = (du * np.exp(r) * eps_pi[k, i, j] - alpha / Bf) if inside else np.float32(0.0)
+            h = aacts[La - 1]
+            np.dot(dmean.T, h, agrad[ob:ob + A * H].reshape((A, H)))
+            np.dot(dls.T, h, agrad[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)))
+            for j in range(A):
+                sm, sl = np.float32(0.0), np.float32(0.0)
+                for i in range(B):
+                    sm += dmean[i, j]
+                    sl += dls[i, j]
+                agrad[ob + A * H + j] = sm
+                agrad[ob + 2 * A * H + A + j] = sl
+            np.dot(dmean, actor[ob:ob + A * H].reshape((A, H)), dh)
+            np.dot(dls, actor[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)), dh2)
+            for i in range(B):
+                for j in range(H):
+                    dh[i, j] += dh2[i, j]
+            _bwd(actor, agrad, 0, asizes, obs[k], aacts, 0, dh, ags, True, False, 1)
+            _clip_adam(actor, agrad, am, av, astep, alr, b1, b2, eps, max_norm)
+            _polyak(critic_t, critic, tau)
 
 
 _blas_threads: list[int] = []
@@ -178,50 +533,176 @@ def _limit_blas(threads: int) -> None:
         _blas_threads[:] = [threads]
 
 
+def use_threads(algo, n: int) -> None:
+    """Run `algo`'s compiled phase on n BLAS threads, and torch (the small ops around the phase: sampling,
+    acting, publishing) on one. Two thread pools on the same cores (torch's OpenMP threads spin after
+    each parallel region, OpenBLAS's between calls) fight for them: measured here, a 2-thread compiled SAC
+    update took 12 ms in a run against 6 ms with torch on one thread."""
+    algo.blas_threads = max(1, int(n))
+    torch.set_num_threads(1)
+
+
+def _threads(algo) -> None:
+    _limit_blas(getattr(algo, "blas_threads", 0) or torch.get_num_threads())
+
+
 def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.numpy(), np.float32)
+
+
+def _adam(opt) -> tuple[list[np.ndarray], list[float]]:
+    """A FlatAdam's (flat, grad, exp_avg, exp_avg_sq, step) as numpy views (torch.optim.Adam's own state,
+    created as its first step would) and its (lr, beta1, beta2, eps)."""
+    return _adam_of(opt.opt, opt.param, opt.flat, opt.grad)
+
+
+def _adam_of(torch_opt, param, flat, grad) -> tuple[list[np.ndarray], list[float]]:
+    st = torch_opt.state[param]
+    if not st:
+        st["step"] = torch.zeros((), dtype=torch.float32)
+        st["exp_avg"] = torch.zeros_like(flat)
+        st["exp_avg_sq"] = torch.zeros_like(flat)
+    g = torch_opt.param_groups[0]
+    if g["weight_decay"] or g.get("amsgrad") or g.get("maximize"):
+        raise ValueError("the compiled phase implements plain Adam (no weight decay, amsgrad or maximize)")
+    beta1, beta2 = g["betas"]
+    views = [flat.detach().view(-1).numpy(), grad.view(-1).numpy(), st["exp_avg"].view(-1).numpy(),
+             st["exp_avg_sq"].view(-1).numpy(), st["step"].view(1).numpy()]
+    return views, [float(g["lr"]), float(beta1), float(beta2), float(g["eps"])]
 
 
 def dqn_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
     """The K updates of a DQN phase (batches of shape (K, B, ...), weights (K, B)) in one compiled call
     on the algorithm's own buffers, targets included; returns td = Q(s, a) - y of shape (K, B)."""
-    opt = algo.opt
-    st = opt.opt.state[opt.param]
-    if not st:  # torch.optim.Adam's state, created as its first step would
-        st["step"] = torch.zeros((), dtype=torch.float32)
-        st["exp_avg"] = torch.zeros_like(opt.flat)
-        st["exp_avg_sq"] = torch.zeros_like(opt.flat)
-    g = opt.opt.param_groups[0]
-    beta1, beta2 = g["betas"]
-    if g["weight_decay"]:
-        raise ValueError("the compiled DQN phase has no weight decay")
-    sizes = np.array([lin.in_features for lin in algo.q.q if isinstance(lin, torch.nn.Linear)]
-                     + [algo.n_actions], dtype=np.int64)
-    _limit_blas(torch.get_num_threads())
+    (flat, grad, m, v, step), (lr, beta1, beta2, eps) = _adam(algo.opt)
+    sizes = _nets(algo)["q"]
+    _threads(algo)
     b = batches
     with torch.no_grad():
         discount = algo.cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
         target_flat = torch.cat([p.reshape(-1) for p in algo.q_target.parameters()])
         td = np.empty(tuple(b["action"].shape), np.float32)
         _dqn_mlp_phase(_f32(b["obs"]), np.ascontiguousarray(b["action"].numpy(), np.int64), _f32(b["reward"]),
-                       _f32(b["next_obs"]), _f32(discount), _f32(weights), sizes, opt.flat.numpy(),
-                       target_flat.numpy(), bool(algo.cfg.double), opt.grad.numpy(), st["exp_avg"].numpy(),
-                       st["exp_avg_sq"].numpy(), st["step"].view(1).numpy(), float(g["lr"]), float(beta1),
-                       float(beta2), float(g["eps"]), float(opt.max_grad_norm), td)
+                       _f32(b["next_obs"]), _f32(discount), _f32(weights), sizes, flat, target_flat.numpy(),
+                       bool(algo.cfg.double), grad, m, v, step, lr, beta1, beta2, eps, float(algo.opt.max_grad_norm),
+                       td)
     return torch.from_numpy(td)
 
 
-def warm_up() -> float:
-    """Compile (or load from numba's cache) before timing or training; returns the seconds it took."""
-    if not available():
+def _workspace(algo, B: int, nets: dict) -> np.ndarray:
+    """The scratch buffer of `algo`'s compiled phase (kept on the algorithm, grown when a batch needs more):
+    every scratch matrix of one step is at most B x the widest layer, and there are fewer than
+    3 x (actor layers + critic layers) + 24 of them."""
+    widths = [*nets["actor"], *nets["critic"]]
+    need = B * max(widths) * (3 * len(widths) + 24)
+    ws = getattr(algo, "_compiled_ws", None)
+    if ws is None or ws.shape[0] < need:
+        ws = algo._compiled_ws = np.zeros(need, np.float32)
+    return ws
+
+
+def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """The K steps of a DDPG or TD3 phase in one compiled call on the algorithm's own buffers; TD3's
+    smoothing noise is drawn here from torch's RNG in the eager path's order. Returns |TD| (K, B)."""
+    cfg, b, nets = algo.cfg, batches, _nets(algo)
+    K = weights.shape[0]
+    if algo.name == "td3":
+        noise = torch.stack([(torch.randn_like(b["action"][k]) * cfg.target_policy_noise)
+                             .clamp(-cfg.target_noise_clip, cfg.target_noise_clip) for k in range(K)])
+        n_critics, delay = 2, int(cfg.policy_delay)
+    else:
+        noise, n_critics, delay = torch.zeros_like(b["action"]), 1, 1
+    (af, ag, am, av, ast), (alr, b1, b2, eps) = _adam(algo.actor_opt)
+    (cf, cg, cm, cv, cst), (clr, *_) = _adam(algo.critic_opt)
+    hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(cfg.tau)], np.float64)
+    _threads(algo)
+    with torch.no_grad():
+        discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        td = np.empty(tuple(weights.shape), np.float32)
+        algo.updates = int(_ac_phase(_f32(b["obs"]), _f32(b["action"]), _f32(b["reward"]), _f32(b["next_obs"]),
+                                     _f32(discount), _f32(weights), _f32(noise), nets["actor"], nets["critic"],
+                                     n_critics, af, ag, am, av, ast, cf, cg, cm, cv, cst,
+                                     algo.actor_target_flat.numpy(), algo.critic_target_flat.numpy(),
+                                     int(algo.updates), delay, hp, _workspace(algo, weights.shape[1], nets), td))
+    return torch.from_numpy(td)
+
+
+def sac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """The K steps of a SAC phase in one compiled call on the algorithm's own buffers; the Gaussian noise
+    is drawn here from torch's RNG in the eager path's order (per step: the actor's, then the next
+    action's). Returns |TD| (K, B)."""
+    cfg, b, nets = algo.cfg, batches, _nets(algo)
+    K, B = weights.shape
+    A = b["action"].shape[-1]
+    noise = torch.stack([torch.randn(B, A) for _ in range(2 * K)]).view(K, 2, B, A)
+    (af, ag, am, av, ast), (alr, b1, b2, eps) = _adam(algo.actor_opt)
+    (cf, cg, cm, cv, cst), (clr, *_) = _adam(algo.critic_opt)
+    learn_alpha = algo.alpha_opt is not None
+    log_alpha = algo.log_alpha.detach()
+    galpha = torch.zeros(1)
+    if learn_alpha:
+        (la, _, lm, lv, lst), (al_lr, al_b1, al_b2, al_eps) = _adam_of(algo.alpha_opt, algo.log_alpha, log_alpha,
+                                                                       galpha)
+    else:
+        la, lm, lv, lst, (al_lr, al_b1, al_b2, al_eps) = log_alpha.view(1).numpy(), *np.zeros((3, 1), np.float32), (0,) * 4
+    hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(cfg.tau),
+                   float(algo.target_entropy), al_lr, al_b1, al_b2, al_eps], np.float64)
+    _threads(algo)
+    with torch.no_grad():
+        discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        td = np.empty((K, B), np.float32)
+        _sac_phase(_f32(b["obs"]), _f32(b["action"]), _f32(b["reward"]), _f32(b["next_obs"]), _f32(discount),
+                   _f32(weights), _f32(noise[:, 0]), _f32(noise[:, 1]), nets["actor"], nets["critic"],
+                   af, ag, am, av, ast, cf, cg, cm, cv, cst, algo.critic_target_flat.numpy(),
+                   la, galpha.numpy(), lm, lv, lst, learn_alpha, hp, _workspace(algo, B, nets), td)
+    algo.updates += K
+    return torch.from_numpy(td)
+
+
+def phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """The K gradient steps of `algo`'s phase (batches (K, B, ...), weights (K, B)) as one compiled call;
+    returns |TD| (K, B) for the priorities and counts the steps in `algo.updates`."""
+    if algo.name == "dqn":
+        algo.updates += weights.shape[0]
+        return dqn_phase(algo, batches, weights).abs_()
+    if algo.name == "sac":
+        return sac_phase(algo, batches, weights)
+    return ac_phase(algo, batches, weights)
+
+
+_warm: dict[str, float] = {}
+
+
+def warm_up(name: str = "dqn") -> float:
+    """Compile (or load from numba's cache) the phase of algorithm `name` before timing or training, once
+    per process; returns the seconds it took (0.0 after the first time)."""
+    if not available() or name in _warm:
         return 0.0
     t = time.perf_counter()
-    K, B, sizes = 1, 2, np.array([2, 3, 2], np.int64)
-    n = 2 * 3 + 3 + 3 * 2 + 2
-    z, kb = np.zeros(n, np.float32), np.zeros((K, B), np.float32)
-    for double in (False, True):
-        _dqn_mlp_phase(np.zeros((K, B, 2), np.float32), np.zeros((K, B), np.int64), kb, np.zeros((K, B, 2), np.float32),
-                       kb, kb + 1, sizes, z.copy(), z.copy(), double, z.copy(), z.copy(), z.copy(),
-                       np.zeros(1, np.float32), 1e-3, 0.9, 0.999, 1e-8, 10.0, np.empty((K, B), np.float32))
-    return time.perf_counter() - t
-
+    f = np.float32
+    K, B = 1, 2
+    kb, z = np.zeros((K, B), f), lambda n: np.zeros(n, f)
+    if name == "dqn":
+        sizes = np.array([2, 3, 2], np.int64)
+        n = 2 * 3 + 3 + 3 * 2 + 2
+        for double in (False, True):
+            _dqn_mlp_phase(np.zeros((K, B, 2), f), np.zeros((K, B), np.int64), kb, np.zeros((K, B, 2), f), kb, kb + 1,
+                           sizes, z(n), z(n), double, z(n), z(n), z(n), z(1), 1e-3, 0.9, 0.999, 1e-8, 10.0,
+                           np.empty((K, B), f))
+    elif name in ("ddpg", "td3"):
+        asizes, csizes = np.array([2, 3, 1], np.int64), np.array([3, 3, 1], np.int64)
+        na, nc = 2 * 3 + 3 + 3 + 1, 3 * 3 + 3 + 3 + 1
+        o3, a3 = np.zeros((K, B, 2), f), np.zeros((K, B, 1), f)
+        _ac_phase(o3, a3, kb, o3, kb, kb + 1, a3, asizes, csizes, 2, z(na), z(na), z(na), z(na), z(1),
+                  z(2 * nc), z(2 * nc), z(2 * nc), z(2 * nc), z(1), z(na), z(2 * nc), 0, 1,
+                  np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005]), z(1000), np.empty((K, B), f))
+    elif name == "sac":
+        asizes, csizes = np.array([2, 3], np.int64), np.array([3, 3, 1], np.int64)
+        na, nc = 2 * 3 + 3 + 2 * (3 + 1), 3 * 3 + 3 + 3 + 1
+        o3, a3 = np.zeros((K, B, 2), f), np.zeros((K, B, 1), f)
+        _sac_phase(o3, a3, kb, o3, kb, kb + 1, a3, a3, asizes, csizes, z(na), z(na), z(na), z(na), z(1),
+                   z(2 * nc), z(2 * nc), z(2 * nc), z(2 * nc), z(1), z(2 * nc), z(1), z(1), z(1), z(1), z(1), True,
+                   np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005, -1.0, 1e-3, 0.9, 0.999, 1e-8]), z(1000),
+                   np.empty((K, B), f))
+    _warm[name] = time.perf_counter() - t
+    return _warm[name]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.algos import fastpath
+from hetrl.algos import compiled, fastpath
 from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, mlp, soft_update
 from hetrl.config import Config
 
@@ -128,6 +128,7 @@ class DDPG(NoisyActing, Checkpointed):
         self.actor_target_flat, self.critic_target_flat = flatten(self.actor_target), flatten(self.critic_target)
         self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
         self.updates = 0
+        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
 
     def _critic(self) -> Critic:
         return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
@@ -135,6 +136,8 @@ class DDPG(NoisyActing, Checkpointed):
     # ---- learning side -----------------------------------------------------------------
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One gradient step per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
+        if self.compiled_phase:  # the same K steps as one native call (compiled.py)
+            return compiled.phase(self, batches, weights)
         td_all = torch.empty_like(weights)
         g = self.cfg.gamma
         for k in range(weights.shape[0]):

@@ -100,8 +100,7 @@ class DQN(Checkpointed):
         self.q_target.requires_grad_(False)
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
         self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
-        self.compiled_phase = cfg.compiled and compiled.applies(self)       # optional, see compiled.py
-        self.compile_s = compiled.warm_up() if self.compiled_phase else 0.0   # numba: compiled or cache-loaded once
+        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
         self.updates = 0
 
     def _net(self) -> QNetwork:
@@ -151,8 +150,7 @@ class DQN(Checkpointed):
         (plain DQN) all K targets come from one batched forward pass."""
         K = weights.shape[0]
         if self.compiled_phase:  # the same K updates, targets included, as one native call (compiled.py)
-            self.updates += K
-            return compiled.dqn_phase(self, batches, weights).abs_()
+            return compiled.phase(self, batches, weights)
         fixed = not self.cfg.double
         targets = self._targets(batches) if fixed else None
         td_all = torch.empty_like(weights)

@@ -55,6 +55,9 @@ class NatureCNN(nn.Module):
         return self.linear(x).reshape(*lead, self.out_dim)
 
 
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0   # SAC's log_std clamp (as SB3)
+
+
 def mlp(sizes: list[int], out_act: type[nn.Module] | None = None) -> nn.Sequential:
     """Linear-ReLU stack over `sizes` = [in, hidden..., out]; no activation after the last layer
     unless `out_act` is given."""
@@ -114,6 +117,13 @@ class FlatAdam:
         return self.opt.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        group = state["param_groups"][0]
+        if len(group["params"]) > 1:  # a per-parameter torch.optim.Adam's state (TD3/SAC checkpoints before
+            ids, per = group["params"], state["state"]  # their flat buffers): the same moments, concatenated
+            flat = {k: torch.cat([per[i][k].reshape(-1) for i in ids]) for k in ("exp_avg", "exp_avg_sq")} if per else {}
+            if per:
+                flat["step"] = per[ids[0]]["step"]
+            state = {"state": {0: flat} if per else {}, "param_groups": [{**group, "params": [0]}]}
         self.opt.load_state_dict(state)
 
 

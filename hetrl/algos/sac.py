@@ -29,12 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetrl.algos import compiled
 from hetrl.algos.ddpg import Critic
-from hetrl.algos.nets import Checkpointed, mlp, soft_update
-from hetrl.algos.td3 import adam, step
+from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, Checkpointed, FlatAdam, flatten, mlp, soft_update
 from hetrl.config import Config
-
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
 
 class GaussianActor(nn.Module):
@@ -123,13 +121,15 @@ class SAC(Checkpointed):
         self.critics_target = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
         self.critics_target.load_state_dict(self.critics.state_dict())
         self.critics_target.requires_grad_(False)
-        self.actor_opt, self.critic_opt = adam(self.actor, cfg.lr, self.device), adam(self.critics, cfg.lr, self.device)
-        self.actor_params, self.critic_params = list(self.actor.parameters()), list(self.critics.parameters())
+        self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)      # one flat buffer per network
+        self.critic_opt = FlatAdam(self.critics, cfg.lr, cfg.max_grad_norm)   # (both critics: one clip, one step)
+        self.critic_target_flat = flatten(self.critics_target)
         learned, init = parse_coef(cfg.ent_coef)
         self.target_entropy = -float(self.act_dim) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
         self.log_alpha = torch.tensor(math.log(init), device=self.device, requires_grad=learned)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr) if learned else None
         self.updates = 0
+        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
 
     def _actor(self) -> GaussianActor:
         return GaussianActor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
@@ -159,6 +159,8 @@ class SAC(Checkpointed):
     # ---- learning side -----------------------------------------------------------------------
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """K sequential gradient steps, one per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
+        if self.compiled_phase:  # the same K steps as one native call (compiled.py)
+            return compiled.phase(self, batches, weights)
         cfg, td_all = self.cfg, torch.empty_like(weights)
         q1, q2 = self.critics
         t1, t2 = self.critics_target
@@ -175,11 +177,9 @@ class SAC(Checkpointed):
                 next_q = torch.min(t1(b["next_obs"], next_a), t2(b["next_obs"], next_a)) - alpha * next_logp
                 target = b["reward"] + cfg.gamma ** b["steps"].float() * (~b["terminated"]).float() * next_q
             td1, td2 = q1(b["obs"], b["action"]) - target, q2(b["obs"], b["action"]) - target
-            step(self.critic_opt, 0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean(), self.critic_params,
-                 cfg.max_grad_norm)
-            step(self.actor_opt, (alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean(),
-                 self.actor_params, cfg.max_grad_norm)
-            soft_update(self.critics_target, self.critics, cfg.tau)
+            self.critic_opt.step(0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean())
+            self.actor_opt.step((alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean())
+            soft_update(self.critic_target_flat, self.critic_opt.flat, cfg.tau)
             td_all[k] = (td1.detach().abs() + td2.detach().abs()) * 0.5
         self.updates += weights.shape[0]
         return td_all

@@ -19,23 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from hetrl.algos import compiled
 from hetrl.algos.ddpg import Critic, NoisyActing
-from hetrl.algos.nets import Checkpointed, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, soft_update
 from hetrl.config import Config
-
-
-def adam(module: nn.Module, lr: float, device: torch.device) -> torch.optim.Adam:
-    """torch.optim.Adam, fused (one kernel for all parameters) where torch has the fused kernel."""
-    return torch.optim.Adam(module.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
-
-
-def step(opt: torch.optim.Optimizer, loss: torch.Tensor, params: list[torch.Tensor], max_grad_norm: float) -> None:
-    """Gradients of `loss` w.r.t. `params` only (not the critic's in an actor loss), then one Adam step."""
-    opt.zero_grad()
-    loss.backward(inputs=params)
-    if max_grad_norm > 0:
-        nn.utils.clip_grad_norm_(params, max_grad_norm)
-    opt.step()
 
 
 class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noise
@@ -53,8 +40,10 @@ class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noi
         self.critics_target.load_state_dict(self.critics.state_dict())
         self.actor_target.requires_grad_(False)
         self.critics_target.requires_grad_(False)
-        self.actor_opt, self.critic_opt = adam(self.actor, cfg.lr, self.device), adam(self.critics, cfg.lr, self.device)
-        self.actor_params, self.critic_params = list(self.actor.parameters()), list(self.critics.parameters())
+        self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)      # one flat buffer per network
+        self.critic_opt = FlatAdam(self.critics, cfg.lr, cfg.max_grad_norm)   # (both critics: one clip, one step)
+        self.actor_target_flat, self.critic_target_flat = flatten(self.actor_target), flatten(self.critics_target)
+        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
         self.updates = 0          # gradient (critic) steps; the actor and the targets move every policy_delay-th
 
     def _critic(self) -> Critic:
@@ -74,18 +63,19 @@ class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noi
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """K sequential gradient steps, one per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
+        if self.compiled_phase:  # the same K steps as one native call (compiled.py)
+            return compiled.phase(self, batches, weights)
         cfg, td_all = self.cfg, torch.empty_like(weights)
         q1, q2 = self.critics
         for k in range(weights.shape[0]):
             b, w = {key: v[k] for key, v in batches.items()}, weights[k]
             target = self.target(b)
             td1, td2 = q1(b["obs"], b["action"]) - target, q2(b["obs"], b["action"]) - target
-            step(self.critic_opt, (w * td1.pow(2)).mean() + (w * td2.pow(2)).mean(), self.critic_params,
-                 cfg.max_grad_norm)
+            self.critic_opt.step((w * td1.pow(2)).mean() + (w * td2.pow(2)).mean())
             self.updates += 1
             if self.updates % cfg.policy_delay == 0:
-                step(self.actor_opt, -q1(b["obs"], self.actor(b["obs"])).mean(), self.actor_params, cfg.max_grad_norm)
-                soft_update(self.critics_target, self.critics, cfg.tau)
-                soft_update(self.actor_target, self.actor, cfg.tau)
+                self.actor_opt.step(-q1(b["obs"], self.actor(b["obs"])).mean())
+                soft_update(self.critic_target_flat, self.critic_opt.flat, cfg.tau)
+                soft_update(self.actor_target_flat, self.actor_opt.flat, cfg.tau)
             td_all[k] = (td1.detach().abs() + td2.detach().abs()) * 0.5
         return td_all

@@ -56,7 +56,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase  # the runtime's: gradient steps per training phase
 
-FORMAT = "hetrl-profile/6"
+FORMAT = "hetrl-profile/7"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 

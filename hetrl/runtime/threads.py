@@ -38,8 +38,9 @@ def own_cpu_s() -> float:
 
 class ThreadGovernor:
     def __init__(self, planned: int, interval_s: float = 1.0, busy: float = 0.5, cores: int | None = None,
-                 read=None):
+                 read=None, apply=None):
         self.planned, self.interval_s, self.busy = planned, interval_s, busy
+        self.apply = apply or torch.set_num_threads   # how the learner takes a thread count
         self.cores = cores or os.cpu_count() or 1
         self.read = read or (lambda: (time.perf_counter(), machine_busy_s(), own_cpu_s()))
         self.threads = planned
@@ -74,7 +75,7 @@ class ThreadGovernor:
         if want != self.threads:
             self.threads, self.changes = want, self.changes + 1
             self.min_threads = min(self.min_threads, want)
-            torch.set_num_threads(want)
+            self.apply(want)
         return self.threads
 
     def figures(self) -> dict:
