@@ -640,11 +640,12 @@ def sac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
     learn_alpha = algo.alpha_opt is not None
     log_alpha = algo.log_alpha.detach()
     galpha = torch.zeros(1)
-    if learn_alpha:
+    if learn_alpha:  # log_alpha's own Adam (torch.optim.Adam's state)
         (la, _, lm, lv, lst), (al_lr, al_b1, al_b2, al_eps) = _adam_of(algo.alpha_opt, algo.log_alpha, log_alpha,
                                                                        galpha)
-    else:
-        la, lm, lv, lst, (al_lr, al_b1, al_b2, al_eps) = log_alpha.view(1).numpy(), *np.zeros((3, 1), np.float32), (0,) * 4
+    else:  # a fixed coefficient: the kernel never reads these
+        la, (lm, lv, lst) = log_alpha.view(1).numpy(), np.zeros((3, 1), np.float32)
+        al_lr = al_b1 = al_b2 = al_eps = 0.0
     hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(cfg.tau),
                    float(algo.target_entropy), al_lr, al_b1, al_b2, al_eps], np.float64)
     _threads(algo)
