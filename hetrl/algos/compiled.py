@@ -136,32 +136,6 @@ if numba is not None:
             flat[p] -= step_size * m / (np.sqrt(v) / bc2f + e)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _offsets(sizes):  # pragma: no cover - compiled
-        """Where each layer's weight (out, in) and then bias start in a flat parameter buffer."""
-        offs = np.empty(sizes.shape[0] - 1, np.int64)
-        o = 0
-        for l in range(sizes.shape[0] - 1):
-            offs[l] = o
-            o += sizes[l + 1] * sizes[l] + sizes[l + 1]
-        return offs
-
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _forward(flat, sizes, offs, x, acts):  # pragma: no cover - compiled
-        """acts[l] = relu(acts[l-1] @ W_l.T + b_l) (acts[-1] = x; no relu on the last layer)."""
-        L = sizes.shape[0] - 1
-        for l in range(L):
-            fi, fo = sizes[l], sizes[l + 1]
-            W = flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
-            b = flat[offs[l] + fo * fi:offs[l] + fo * fi + fo]
-            a = acts[l]
-            np.dot(x if l == 0 else acts[l - 1], W.T, a)
-            last = l == L - 1
-            for i in range(a.shape[0]):
-                for j in range(fo):
-                    v = a[i, j] + b[j]
-                    a[i, j] = v if (last or v > 0) else np.float32(0.0)
-
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _relu_grad(g, y):  # pragma: no cover - compiled
         """g *= (y > 0): ReLU's backward from its output (threshold_backward), written branch-free so that
         LLVM vectorises it (a conditional store does not: 5x slower)."""
@@ -179,18 +153,17 @@ if numba is not None:
         K, B = action.shape
         L = sizes.shape[0] - 1
         A = sizes[L]
-        offs = _offsets(sizes)
         acts = [np.empty((B, sizes[l + 1]), np.float32) for l in range(L)]   # layer outputs
         grads = [np.empty((B, sizes[l]), np.float32) for l in range(L + 1)]  # dloss/d(layer input)
         # the target net is fixed during the phase: its Q(s') for all K batches in one pass
         tacts = [np.empty((K * B, sizes[l + 1]), np.float32) for l in range(L)]
-        _forward(target_flat, sizes, offs, next_obs.reshape((K * B, sizes[0])), tacts)
+        _fwd(target_flat, 0, sizes, next_obs.reshape((K * B, sizes[0])), tacts, 0, 0)
         next_q = tacts[L - 1].reshape((K, B, A))
         target = np.empty(B, np.float32)
         one = np.float32(1.0)
         for k in range(K):
             if double:  # a' from the online net as it is now
-                _forward(flat, sizes, offs, next_obs[k], acts)
+                _fwd(flat, 0, sizes, next_obs[k], acts, 0, 0)
             for i in range(B):
                 best = 0
                 for j in range(1, A):
@@ -198,7 +171,7 @@ if numba is not None:
                         best = j
                 target[i] = reward[k, i] + discount[k, i] * next_q[k, i, best]
             x = obs[k]
-            _forward(flat, sizes, offs, x, acts)
+            _fwd(flat, 0, sizes, x, acts, 0, 0)
             # d/dq of the loss: w * clip(td, -1, 1) / B at the taken action
             g = grads[L]
             g[:, :] = 0
@@ -208,27 +181,11 @@ if numba is not None:
                 td_out[k, i] = td
                 c = min(max(td, -one), one)
                 g[i, ai] = weight[k, i] * c / np.float32(B)
-            # backward: dW_l = g_l.T @ a_{l-1}, db_l = sum g_l, g_{l-1} = (g_l @ W_l) * (a_{l-1} > 0)
-            for l in range(L - 1, -1, -1):
-                fi, fo = sizes[l], sizes[l + 1]
-                gl = grads[l + 1]
-                dW = grad[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
-                db = grad[offs[l] + fo * fi:offs[l] + fo * fi + fo]
-                np.dot(gl.T, x if l == 0 else acts[l - 1], dW)
-                for j in range(fo):
-                    db[j] = 0
-                for i in range(B):
-                    for j in range(fo):
-                        db[j] += gl[i, j]
-                if l > 0:
-                    W = flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
-                    gp = grads[l]
-                    np.dot(gl, W, gp)
-                    _relu_grad(gp, acts[l - 1])
+            _bwd(flat, grad, 0, sizes, x, acts, 0, g, grads, True, False, 0)
             _clip_adam(flat, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)
 
 
-    # ---- generic MLP pieces for the actor-critic phases (DDPG, TD3, SAC) ---------------------------------
+    # ---- the MLP pieces every phase is built from (DQN, DDPG, TD3, SAC) ----------------------------------
     # A network is `sizes` = [in, h1, ..., out] and the offset `o` of its first parameter in a flat buffer
     # (per layer: weight (out, in), then bias: the order of nn.Module.parameters()). Hidden layers are
     # ReLU; the last layer's activation is NONE, RELU or TANH. `acts[base + l]` holds layer l's output.
