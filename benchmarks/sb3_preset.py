@@ -25,8 +25,20 @@ def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
                   batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
                   gradient_steps=cfg.gradient_steps, policy_kwargs=dict(net_arch=cfg.net_arch), seed=cfg.seed,
                   verbose=verbose, **sb3_kwargs)
+    policy = "MlpPolicy"
+    from hetrl.config import atari_id
+
+    if atari_id(env):   # SB3's Atari pipeline: make_atari_env (AtariWrapper) + VecFrameStack, the Nature CNN
+        import ale_py
+        import gymnasium as gym
+        from stable_baselines3.common.env_util import make_atari_env
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        gym.register_envs(ale_py)
+        env = VecFrameStack(make_atari_env(env, n_envs=cfg.num_envs, seed=cfg.seed), n_stack=cfg.frame_stack)
+        policy = "CnnPolicy"
     if cfg.algo == "dqn":
-        return sb3.DQN("MlpPolicy", env, target_update_interval=cfg.target_update_interval, tau=cfg.tau,
+        return sb3.DQN(policy, env, target_update_interval=cfg.target_update_interval, tau=cfg.tau,
                        exploration_fraction=cfg.exploration_fraction,
                        exploration_initial_eps=cfg.exploration_initial_eps,
                        exploration_final_eps=cfg.exploration_final_eps,

@@ -311,10 +311,15 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     for key in ("fastpath", "compiled"):  # the CPU learner kernel the profile measured fastest (on the CPU)
         if key not in settings:
             new = dataclasses.replace(new, **{key: bool(getattr(result, key)) and p.learner_device == "cpu"})
+    if "cuda_graph" not in settings:   # a GPU learner: the phase as one CUDA graph where measured faster
+        new = dataclasses.replace(new, cuda_graph=result.cuda_graph and p.learner_device != "cpu")
+    if cfg.env_backend == "auto":  # the env backend the profile measured faster here
+        new = dataclasses.replace(new, env_backend=result.env_backend)
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()
-    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled") if k in SYSTEM_KEYS and k not in settings]
+    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled", "cuda_graph", "env_backend")
+                   if k in SYSTEM_KEYS and k not in settings]
     changed = {k: [before[k], after[k]] for k in after if after[k] != before[k] and k not in SYSTEM_KEYS}
     owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}
     info = {**result.to_json(), "objective_meaning": result.objective_meaning, "allow_more_envs": allow_more_envs,

@@ -33,7 +33,7 @@ class Config:
     schedule: str = "inline"            # inline (one process), local (actor processes), ray (a Ray cluster)
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
     num_envs: int = 1                   # envs in all: the preset's (rl-zoo's n_envs, 1 where the zoo sets none), never the planner's
-    env_backend: str = "gymnasium"      # gymnasium, envpool, or auto (EnvPool if installed and it knows the id)
+    env_backend: str = "auto"           # gymnasium, envpool, or auto: EnvPool for Atari games it has, else Gymnasium; the planner measures both
     frame_stack: int = 1                # observations stacked (gymnasium FrameStackObservation, zero-padded); 1 = none
     # --- Atari (ALE ids; hetrl/actors/atari.py, docs/atari.md): SB3's AtariWrapper, each part a switch ---
     atari_noop_max: int = 30            # up to this many no-op steps at reset (0: none)
@@ -48,6 +48,7 @@ class Config:
     check_finite: bool = True          # stop at the first NaN/inf in inserted data or in the learner's TD errors
     fastpath: bool = False              # CPU learner: hand-derived gradients (algos/fastpath.py); the planner turns it on where faster
     compiled: bool = False              # CPU learner: each phase as one numba call (algos/compiled.py; DQN/DDPG/TD3/SAC MLPs); the planner turns it on where faster
+    cuda_graph: bool = False            # CUDA learner: each phase replayed as one CUDA graph (algos/graphed.py); the planner turns it on where faster
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
     envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)
@@ -121,7 +122,7 @@ class Config:
 SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
                "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
                "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
-               "log_interval", "fastpath", "compiled", "check_finite", "max_policy_lag")
+               "log_interval", "fastpath", "compiled", "cuda_graph", "check_finite", "max_policy_lag")
 
 
 MAX_LOCAL_ACTORS = 64    # actor processes on one machine at most (the planner searches no further)
@@ -308,6 +309,9 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
         raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
+    if cfg.cuda_graph and cfg.device == "cpu":
+        raise UsageError("cuda_graph=true replays the learner on a GPU, but device=cpu; "
+                         "set --set device=cuda, or drop cuda_graph")
     if cfg.actors > MAX_LOCAL_ACTORS and cfg.schedule != "ray":
         raise UsageError(f"actors={cfg.actors} is more actor processes than one machine runs well "
                          f"({MAX_LOCAL_ACTORS}); lower "

@@ -187,16 +187,13 @@ def test_run_closes_its_schedule_and_keeps_its_work_on_an_error(local, tmp_path)
 @pytest.mark.parametrize("schedule", ["inline", "local"])
 def test_every_actor_setting_reaches_the_actors(tiny, schedule):
     """env_backend (and n-step, seeds, the policy) travel in one ActorSpec under every schedule:
-    asking for EnvPool where it is not installed fails in the actor, under local too."""
-    from hetrl.actors.envs import envpool_supports
-
-    if envpool_supports("CartPole-v1"):
-        pytest.skip("envpool is installed")
+    asking EnvPool for an env it cannot make ('module:EnvId' ids are Gymnasium's) fails in the actor,
+    under local too."""
     settings = {**tiny, "schedule": schedule, "env_backend": "envpool"}
     if schedule == "local":
         settings.update(actors=1, envs_per_actor=4)
     with pytest.raises(UsageError, match="env_backend=envpool"):
-        hetrl.train("dqn", "CartPole-v1", progress=False, **settings)
+        hetrl.train("dqn", "gymnasium:CartPole-v1", progress=False, **settings)
 
 
 def test_a_checkpoint_resumes_under_another_schedule(tiny, tmp_path):

@@ -2,8 +2,9 @@
 
 Vector envs use Gymnasium's SAME_STEP autoreset: when an episode ends, `step` returns the
 first obs of the next episode and the true last obs in `info["final_obs"]`, so a truncated
-transition can bootstrap from its real next state. EnvPool (C++ vector envs, used when it is
-installed and knows the id) is adapted to the same semantics by `EnvPoolVector`.
+transition can bootstrap from its real next state. EnvPool (C++ vector envs, `env_backend`) is
+adapted to the same semantics: plain ids by `EnvPoolVector`, Atari games under hetrl's preprocessing
+by `EnvPoolAtari`.
 
 `prepare_env(env, cfg, train)` is the env a run trains (or evaluates) on: the id or factory given,
 with the wrappers the run's settings ask for (the Atari preprocessing of ALE ids, hetrl/actors/atari.py;
@@ -148,20 +149,24 @@ class EnvPoolVector:
             warnings.simplefilter("ignore", UserWarning)
             self.pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
                                      num_threads=1, seed=seed)
-            self.observation_space, self.action_space = self.pool.observation_space, self.pool.action_space
+            self.single_observation_space = self.pool.observation_space
+            self.single_action_space = self.pool.action_space
+        # the batched spaces, as a Gymnasium VectorEnv's (EnvPool's own are one env's)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.num_envs = num_envs
-        self.single_observation_space, self.single_action_space = self.observation_space, self.action_space
         self.action_space.seed(seed)
+        self.action_dtype = self.pool.spec.action_array_spec["action"].dtype   # EnvPool refuses another
 
     def reset(self, seed=None):
         obs, info = self.pool.reset()
         return obs, info
 
     def step(self, actions):
-        obs, reward, terminated, truncated, info = self.pool.step(actions)
+        obs, reward, terminated, truncated, info = self.pool.step(np.asarray(actions, self.action_dtype))
         done = terminated | truncated
         if done.any():
-            ids = np.flatnonzero(done)
+            ids = np.flatnonzero(done).astype(np.int32)   # EnvPool's env ids are int32 (int64 crashes it)
             info = dict(info, final_obs=obs.copy())
             obs = obs.copy()
             obs[ids] = self.pool.reset(ids)[0]
@@ -172,6 +177,10 @@ class EnvPoolVector:
 
 
 def envpool_supports(env: EnvSpec) -> bool:
+    """Whether EnvPool is installed and has `env` as it is: a plain id (no wrappers), or an Atari game
+    under hetrl's preprocessing (EnvPool's C++ Atari does the same preprocessing: `EnvPoolAtari`)."""
+    if isinstance(env, Prepared):
+        return envpool_atari_task(env) is not None
     if not isinstance(env, str) or ":" in env:
         return False
     try:
@@ -181,17 +190,134 @@ def envpool_supports(env: EnvSpec) -> bool:
     return env in envpool.list_all_envs()
 
 
+def envpool_atari_task(env: EnvSpec) -> str | None:
+    """EnvPool's id of the Atari game of a prepared ALE env (ALE/Breakout-v5, BreakoutNoFrameskip-v4 ->
+    Breakout-v5), or None: not an Atari env, EnvPool not installed, or a game EnvPool lacks."""
+    if not (isinstance(env, Prepared) and env.atari is not None and isinstance(env.env, str)):
+        return None
+    try:
+        import envpool
+    except ImportError:
+        return None
+    if env.atari.noop_max < 1:   # EnvPool's noop reset draws from 1..noop_max (0 aborts the process)
+        return None
+    base = env.env.split(":")[-1]
+    game = base[4:].rsplit("-v", 1)[0] if base.startswith("ALE/") else base.removesuffix("NoFrameskip-v4")
+    task = f"{game}-v5"
+    return task if task in envpool.list_all_envs() else None
+
+
+class EnvPoolAtari:
+    """EnvPool's C++ Atari under hetrl's Atari switches (the fast path for Atari actors), with the
+    semantics of the Gymnasium path (`atari.wrap` + frame stacking in a SAME_STEP SyncVectorEnv):
+
+    - EnvPool does the noop reset, the frame skip with the max over the last 2 frames, the 84x84
+      grayscale (INTER_AREA, as OpenCV in AtariPreprocessing), FIRE on reset and the frame stack; sticky
+      actions as the id's default (0.25 for ALE/*-v5, 0 for *NoFrameskip-v4) or the setting;
+      episodes end at 108,000 frames as Gymnasium's.
+    - Episodic life (training): a lost life ends the episode (terminated) and the same game goes on,
+      as SB3's EpisodicLifeEnv. It is done here from EnvPool's `lives`: EnvPool's own episodic_life
+      restarts the whole game when the env is reset in the same step (SAME_STEP autoreset).
+    - Rewards are clipped to their sign here (training) so the raw score is known: every whole game
+      is reported in `info["final_info"]["episode"]` (raw score, agent steps) as RecordEpisodeStatistics.
+    - Differences from the Gymnasium path: a new game's stack repeats its first frame (Gymnasium's and
+      SB3's pad with zeros); after a lost life the stack goes on and no no-op/FIRE steps are inserted
+      (the agent presses FIRE itself)."""
+
+    def __init__(self, env: Prepared, num_envs: int, seed: int):
+        import warnings
+
+        import envpool
+
+        opts, task = env.atari, envpool_atari_task(env)
+        if task is None:
+            raise UsageError(f"env_backend=envpool: EnvPool is not installed or has no {env_name(env)!r} "
+                             "(atari_noop_max >= 1); pip install 'hetrl[envpool]', or use --set env_backend=gymnasium")
+        v4 = env.env.split(":")[-1].endswith("NoFrameskip-v4")
+        sticky = opts.repeat_action_probability
+        if sticky is None:
+            sticky = 0.0 if v4 else 0.25
+        self.stack = max(1, env.frame_stack)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.pool = envpool.make(
+                task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=1, seed=seed,
+                stack_num=self.stack, frame_skip=opts.frame_skip, noop_max=opts.noop_max,
+                img_height=opts.screen_size, img_width=opts.screen_size, gray_scale=True,
+                episodic_life=False, reward_clip=False, use_fire_reset=opts.fire_reset,
+                repeat_action_probability=float(sticky), full_action_space=False,
+                max_episode_steps=(400_000 if v4 else 108_000) // opts.frame_skip)
+        shape = (self.stack, opts.screen_size, opts.screen_size) if self.stack > 1 else (opts.screen_size,) * 2
+        self.single_observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.single_action_space = gym.spaces.Discrete(int(self.pool.action_space.n))
+        self.observation_space = gym.spaces.Box(0, 255, (num_envs, *shape), np.uint8)
+        self.action_space = gym.spaces.MultiDiscrete(np.full(num_envs, self.single_action_space.n))
+        self.action_space.seed(seed)
+        self.action_dtype = self.pool.spec.action_array_spec["action"].dtype   # int32; EnvPool refuses another
+        self.num_envs = num_envs
+        self.episodic = opts.episodic_life and env.train
+        self.clip = opts.clip_reward and env.train
+        self.lives = np.zeros(num_envs, np.int32)
+        self.score = np.zeros(num_envs)
+        self.length = np.zeros(num_envs, np.int64)
+
+    def _obs(self, obs: np.ndarray) -> np.ndarray:
+        return obs if self.stack > 1 else obs[:, 0]
+
+    def reset(self, seed=None):
+        obs, info = self.pool.reset()
+        self.lives[:] = info["lives"]
+        self.score[:] = 0
+        self.length[:] = 0
+        return self._obs(obs), {}
+
+    def step(self, actions):
+        obs, raw, terminated, truncated, info = self.pool.step(np.asarray(actions, self.action_dtype))
+        over = terminated | truncated   # the game is over
+        self.score += raw
+        self.length += 1
+        reward = np.sign(raw) if self.clip else raw
+        lives = info["lives"]
+        if self.episodic:
+            terminated = terminated | ((lives < self.lives) & (lives > 0) & ~over)
+        self.lives[:] = lives
+        out: dict = {}
+        obs = self._obs(obs)
+        if (terminated | truncated).any():
+            out["final_obs"] = obs.copy()
+        if over.any():
+            ids = np.flatnonzero(over)
+            out["final_info"] = {"episode": {"r": self.score.copy(), "l": self.length.copy()}, "_episode": over}
+            new, new_info = self.pool.reset(ids.astype(np.int32))
+            obs = obs.copy()
+            obs[ids] = self._obs(new)
+            self.lives[ids] = new_info["lives"]
+            self.score[ids] = 0
+            self.length[ids] = 0
+        return obs, reward, terminated, truncated, out
+
+    def close(self) -> None:
+        self.pool.close()
+
+
 def make_vector_env(env: EnvSpec, num_envs: int, seed: int, backend: str = "gymnasium"):
     """`num_envs` copies stepped in this process with SAME_STEP autoreset, seeded seed, seed+1, ...
-    backend: gymnasium (SyncVectorEnv: fastest Python vector here), envpool, or auto (envpool
-    when installed and it knows the id)."""
-    if backend == "envpool" and isinstance(env, Prepared):
-        raise UsageError(f"env_backend=envpool: hetrl's wrappers for {env_name(env)!r} (Atari preprocessing, "
-                         "frame_stack) run on Gymnasium envs only; use --set env_backend=gymnasium")
+    backend: gymnasium (SyncVectorEnv: fastest Python vector here), envpool (EnvPool's C++ vector
+    env: plain ids it knows, and Atari games under hetrl's preprocessing), or auto: EnvPool for an
+    Atari game it has (its C++ preprocessing is the fast path), else Gymnasium (under `--plan auto` the
+    planner measures both backends and sets the faster one)."""
     if backend == "envpool" and not envpool_supports(env):
+        if isinstance(env, Prepared) and env.atari is None:
+            raise UsageError(f"env_backend=envpool: hetrl's wrappers for {env_name(env)!r} (frame_stack) run "
+                             "on Gymnasium envs only; use --set env_backend=gymnasium")
+        if isinstance(env, Prepared) and env.atari.noop_max < 1:
+            raise UsageError("env_backend=envpool: EnvPool's Atari takes atari_noop_max >= 1; "
+                             "use --set env_backend=gymnasium for atari_noop_max=0")
         raise UsageError(f"env_backend=envpool but EnvPool is not installed or does not know {env_name(env)!r}; "
-                         "pip install envpool, or use --set env_backend=gymnasium")
-    if backend in ("auto", "envpool") and envpool_supports(env):
+                         "pip install 'hetrl[envpool]', or use --set env_backend=gymnasium")
+    if isinstance(env, Prepared) and backend in ("auto", "envpool") and envpool_supports(env):
+        return EnvPoolAtari(env, num_envs, seed)
+    if backend == "envpool":
         return EnvPoolVector(env, num_envs, seed)
     make_env(env).close()  # surface bad ids as UsageError before building the vector
     venv = gym.vector.SyncVectorEnv([lambda: make_env(env) for _ in range(num_envs)],

@@ -31,6 +31,21 @@ def _kernel(k: dict) -> str:
     return names[chosen] + (f" (fastest measured, ms/update: {', '.join(timed)})" if len(timed) > 1 else "")
 
 
+def _graph(g: dict) -> str:
+    """A GPU learner's kernel and why: eager vs its phase replayed as one CUDA graph (profile)."""
+    if not g:
+        return "eager (a CUDA graph was not timed: it does not apply to this phase)"
+    return (("CUDA graph" if g.get("chosen") else "eager")
+            + f" (fastest measured, ms/update: eager {g['eager_s'] * 1e3:.3f}, CUDA graph {g['graph_s'] * 1e3:.3f})")
+
+
+def _backend(b: dict) -> str:
+    """The env backend and why: each measured one's time per env step (profile, env_backend=auto)."""
+    chosen = b.get("chosen", "gymnasium")
+    timed = [f"{n} {b[n + '_s'] * 1e6:.0f}" for n in ("gymnasium", "envpool") if f"{n}_s" in b]
+    return f"{chosen} envs" + (f" (fastest measured, us/env step: {', '.join(timed)})" if len(timed) > 1 else "")
+
+
 def render_plan(result: PlanResult, console: Console | None = None) -> None:
     con = console or Console()
     p, pred, w = result.plan, result.prediction, result.workload
@@ -51,9 +66,11 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("schedule", p.schedule + ("" if p.runnable else " (modelled, not runnable)"))
-    t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device})")
+    t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device}); "
+              + _backend(prof.get("env_backend") or {}))
     t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}"
-              + (f"; {_kernel(prof.get('fastpath') or {})}" if p.learner_device == "cpu" else ""))
+              + (f"; {_kernel(prof.get('fastpath') or {})}" if p.learner_device == "cpu" else
+                 f"; {_graph((prof.get('cuda_graph') or {}).get(p.learner_device) or {})}"))
     t.add_row("data storage", p.storage_device)
     t.add_row("replay manager", p.replay_device)
     t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items())

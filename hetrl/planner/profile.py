@@ -56,7 +56,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase  # the runtime's: gradient steps per training phase
 
-FORMAT = "hetrl-profile/7"
+FORMAT = "hetrl-profile/8"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 
@@ -115,7 +115,8 @@ def network_key(cfg) -> str:
 
 def cache_path(cfg, machine: dict | None = None) -> Path:
     machine = machine or machine_info()
-    return cache_dir() / f"profile-{cfg.algo}-{_slug(cfg.env)}-{network_key(cfg)}-{machine_id(machine)}.json"
+    backend = "" if cfg.env_backend == "auto" else f"-{cfg.env_backend}"   # auto: the profile measured both
+    return cache_dir() / f"profile-{cfg.algo}-{_slug(cfg.env)}-{network_key(cfg)}{backend}-{machine_id(machine)}.json"
 
 
 # --- sizes to measure ------------------------------------------------------------------------
@@ -502,8 +503,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     import torch
 
     from hetrl.actors import ActorSpec, probe_spaces
-    from hetrl.actors.envs import make_vector_env, prepare_env
-    from hetrl.algos import make_algorithm, replay_spec
+    from hetrl.actors.envs import envpool_supports, make_vector_env, prepare_env
+    from hetrl.algos import graphed, make_algorithm, replay_spec
     from hetrl.planner.power import device_power
     from hetrl.replay import ReplayBuffer
     from hetrl.replay.frames import frames_apply
@@ -558,17 +559,32 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         base = type(cfg)(**{**cfg.to_dict()})
         algo_cpu = make_algorithm(base, obs_space, act_space, "cpu")
         explore = (lambda steps: 0.1)
-        # -- envs and actors
+        # -- envs and actors; env_backend=auto: both backends timed on the widest vector, the faster one is
+        # measured below and run (EnvPool where it has the env, Gymnasium otherwise)
+        backend = "gymnasium" if cfg.env_backend == "auto" else cfg.env_backend
+        data["env_backend"] = {"chosen": backend}
+        if cfg.env_backend == "auto" and envpool_supports(env):
+            w = max(W)
+            for name in ("gymnasium", "envpool"):
+                say(f"env step ({name}), {w} env(s)")
+                venv = make_vector_env(env, w, 0, name)
+                acts = [venv.action_space.sample() for _ in range(64)]
+                it = iter(range(1 << 62))
+                data["env_backend"][f"{name}_s"] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(),
+                                                           **cpu).s / w
+                venv.close()
+            backend = min(("gymnasium", "envpool"), key=lambda n: data["env_backend"][f"{n}_s"])
+            data["env_backend"]["chosen"] = backend
         for w in W:
             say(f"env step, {w} env(s)")
-            venv = make_vector_env(env, w, 0, cfg.env_backend)
+            venv = make_vector_env(env, w, 0, backend)
             acts = [venv.action_space.sample() for _ in range(64)]
             it = iter(range(1 << 62))
             data["env"][str(w)] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu).to_json()
             venv.close()
             say(f"actor step (env + inference + n-step), {w} env(s)")
             actor = ActorSpec(env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
-                              cfg.env_backend).build()
+                              backend).build()
 
             def step_actor(actor=actor, w=w):
                 actor.collect(w, explore)
@@ -618,15 +634,35 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                                     "chosen": best == "fast"}
         kernel = data["fastpath"].get("kernel", "public")
         cfg = replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
+        data["cuda_graph"] = {}
         for dev in devices:
             data["learn"][dev] = {}
+            # a GPU learner: eager vs the phase replayed as one CUDA graph (algos/graphed.py), the faster one is
+            # what every learner figure of this device below measures
+            graph_on = False
+            if dev != "cpu":
+                K = max(grid["k_groups"] or [1])
+                eager = make_algorithm(cfg, obs_space, act_space, dev)
+                if graphed.applies(eager, K):
+                    batch, wts = synth(cfg.batch_size, K, dev)
+                    say(f"learner on {dev}: eager vs CUDA graph, {K} steps")
+                    t_eager = timed_learn(dev, 1, eager, batch, wts, K, None)
+                    replayed = graphed.GraphedLearner(make_algorithm(cfg, obs_space, act_space, dev))
+                    replayed.learn(batch, wts)   # the capture
+                    t_graph = timed_learn(dev, 1, replayed, batch, wts, K, None)
+                    graph_on = t_graph.s < t_eager.s
+                    data["cuda_graph"][dev] = {"eager_s": t_eager.s, "graph_s": t_graph.s, "chosen": graph_on}
+
+            def learner_on(c, dev=dev, graph_on=graph_on):
+                algo = make_algorithm(c, obs_space, act_space, dev)
+                return graphed.GraphedLearner(algo) if graph_on else algo
             for th in (T if dev == "cpu" else [1]):
                 torch.set_num_threads(th)
                 data["learn"][dev][str(th)] = {}
                 for B in Bs:
                     say(f"learner update on {dev}, batch {B}, {th} thread(s)")
                     c = type(cfg)(**{**cfg.to_dict(), "batch_size": B})
-                    algo = make_algorithm(c, obs_space, act_space, dev)
+                    algo = learner_on(c)
                     batch, wts = synth(B, 1, dev)
                     t = timed_learn(dev, th, algo, batch, wts, 1, data["learn"][dev]["1"][str(B)] if th > 1 else None)
                     data["learn"][dev][str(th)][str(B)] = t.to_json()
@@ -635,7 +671,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 B = cfg.batch_size
                 for K in grid["k_groups"]:
                     say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
-                    algo = make_algorithm(cfg, obs_space, act_space, dev)
+                    algo = learner_on(cfg)
                     batch, wts = synth(B, K, dev)
                     one = data["learn_grouped"][dev]["1"][str(K)] if th > 1 else None
                     t = timed_learn(dev, th, algo, batch, wts, K, one)

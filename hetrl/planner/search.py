@@ -289,6 +289,17 @@ class PlanResult:
         return self.profile.get("fastpath", {}).get("kernel") == "compiled"
 
     @property
+    def cuda_graph(self) -> bool:
+        """Whether the profile measured the learner's phase replayed as a CUDA graph faster on the
+        plan's (GPU) learner device."""
+        return bool(self.profile.get("cuda_graph", {}).get(self.plan.learner_device, {}).get("chosen", False))
+
+    @property
+    def env_backend(self) -> str:
+        """The env backend the profile measured (and chose, for env_backend=auto): gymnasium or envpool."""
+        return self.profile.get("env_backend", {}).get("chosen", "gymnasium")
+
+    @property
     def predicted_env_steps_per_s(self) -> float:
         return self.prediction.env_steps_per_s
 
@@ -377,6 +388,8 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                       {"path": str(table.path) if table.path else None, "from_cache": table.from_cache,
                        "machine_id": table.data.get("machine_id"), "created": table.data.get("created"),
                        "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {}),
+                       "env_backend": table.data.get("env_backend", {}),
+                       "cuda_graph": table.data.get("cuda_graph", {}),
                        # the learner figure the prediction used: profiled x the last run's factor
                        "learner_calibration": table.calibration(best.plan.learner_device)},
                       table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)
