@@ -225,49 +225,6 @@ def stage_tests(ctx: dict, rec: Rec) -> None:
 
 
 # --- stage c: the learner alone --------------------------------------------------------------------------
-def optimizers(algo) -> list:
-    """The torch optimizers an algorithm object holds (FlatAdam wraps one as .opt)."""
-    import torch
-
-    out = []
-    for v in vars(algo).values():
-        if isinstance(v, torch.optim.Optimizer):
-            out.append(v)
-        elif isinstance(getattr(v, "opt", None), torch.optim.Optimizer):
-            out.append(v.opt)
-    return out
-
-
-class GraphedLearn:
-    """An algorithm's whole `learn(batch, wts)` call captured in one CUDA graph (torch.cuda.graph, public
-    API) on static inputs: `learn()` replays it. The same object, the same code and math: only the
-    optimizers' `capturable` flag is set (their step counts stay on the GPU). Python-side effects of
-    learn (the `updates` counter) happen once, at capture; TD3's delayed actor step is decided in
-    Python from that counter, so TD3 is captured over policy_delay steps per call."""
-
-    def __init__(self, algo, batch: dict, wts, warmup: int = 3):
-        import torch
-
-        for opt in optimizers(algo):
-            for group in opt.param_groups:
-                group["capturable"] = True
-        self.algo = algo
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(warmup):
-                algo.learn(batch, wts)
-        torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = algo.learn(batch, wts)
-        torch.cuda.synchronize()
-
-    def learn(self, batch, wts):
-        self.graph.replay()
-        return self.out
-
-
 class CompiledLearn:
     """torch.compile(algo.learn, mode="reduce-overhead") on the existing object (CUDA graphs by inductor)."""
 
@@ -322,7 +279,7 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
         spec = replay_spec(obs_space, act_space)
         B = cfg.batch_size
         K = group_size(grads_per_phase(cfg), cfg.prioritized)   # local schedule's steps per learn call
-        kg = cfg.policy_delay if algo_name == "td3" else 1   # steps per captured call (see GraphedLearn)
+        kg = cfg.policy_delay if algo_name == "td3" else 1   # steps per captured call (hetrl/algos/graphed.py: applies)
         case = rec["cases"][f"{algo_name} {env}"] = {"batch_size": B, "net_arch": list(cfg.net_arch), "group_k": K,
                                                      "variants": {}}
         V = case["variants"]
@@ -364,9 +321,9 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
                 print(f"{algo_name} {name}: {traceback.format_exc()}", flush=True)
             rec.save()
 
-        def against_eager(runner, batch, wts, dev, fast, warmup=3) -> dict:
+        def against_eager(runner, batch, wts, dev, fast, warmup=1) -> dict:
             """The captured update vs the eager one from the same start: a second object built with
-            the same seed takes the warm-up steps the capture took, then one more step each, the
+            the same seed takes the update the first replay took, then one more step each, the
             random draws (TD3's smoothing noise, SAC's sampling) from the same generator state."""
             ref = build(dev, fast)
             torch.manual_seed(1)
@@ -383,9 +340,13 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
             return {"match": ok, "max_abs_diff_td": d_td, "max_abs_diff_params": d_p,
                     "note": "" if ok or algo_name in ("dqn", "ddpg") else "random draws may differ under capture"}
 
-        def graphed(algo, batch, wts):
+        def graphed(algo, batch, wts):   # hetrl's own (the learner core's cuda_graph=true)
+            from hetrl.algos.graphed import GraphedLearner
+
             torch.manual_seed(1)
-            return GraphedLearn(algo, batch, wts)
+            runner = GraphedLearner(algo)
+            runner.learn(batch, wts)    # the capture (state restored after it), then its replay: one update
+            return runner
 
         timed("cpu_1t", "cpu", 1)
         timed("cpu_1t_fastpath", "cpu", 1, fast=True)

@@ -169,3 +169,25 @@ def test_cuda_storage():
     t = Storage(10, SPEC, device="cuda")
     t.load_state_dict(state)
     assert torch.equal(t.get(idx)["img"], got["img"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_inserts_through_pinned_memory_equal_a_cpu_storage():
+    """Many inserts in a row (the pinned buffers reused in turn, batches of varying size, wrapping),
+    the caller's arrays overwritten right after each insert: the device rows equal a CPU storage's."""
+    gpu, cpu = Storage(50, SPEC, device="cuda"), Storage(50, SPEC)
+    rng = np.random.default_rng(0)
+    start = 0
+    for _ in range(40):
+        n = int(rng.integers(1, 13))
+        batch = make_batch(start, n)
+        gpu.insert(batch)
+        cpu.insert(batch)
+        for v in batch.values():   # the caller reuses its arrays at once
+            v[...] = 0
+        start += n
+    idx = np.arange(50)
+    got, want = gpu.get(idx), cpu.get(idx)
+    for name in SPEC:
+        np.testing.assert_array_equal(got[name].cpu().numpy(), want[name].numpy())

@@ -13,8 +13,10 @@ Placement:
   ``get`` returns CPU torch tensors that own their memory (a gather always
   copies), so the learner may keep them after the ring is overwritten.
 * CUDA (any non-CPU torch device): torch tensors on the device.  ``insert``
-  copies each field of the batch to the device once; ``get`` indexes on the
-  device.
+  copies each field of the batch to the device once, through pinned host
+  memory and asynchronously (`PinnedStaging`: two pinned buffers per field in
+  turn, each reused only once its last copy has finished, so the caller may
+  reuse its arrays at once); ``get`` indexes on the device.
 
 ``get`` on CPU gathers with NumPy and wraps the result with
 ``torch.from_numpy``: ``arr[idx]`` for 1-D fields, ``np.take(arr, idx,
@@ -138,6 +140,7 @@ class Storage:
                 self._np[name] = arr
             else:
                 self._t[name] = torch.zeros(full, dtype=torch_dtype(dtype), device=self.device)
+        self._staging = PinnedStaging(self.spec, self.device) if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ write
     def insert(self, batch: Mapping[str, ArrayLike]) -> np.ndarray:
@@ -165,14 +168,18 @@ class Storage:
                     dst[: m - first] = src[skip + first :]
             else:
                 dst = self._t[name]
-                if isinstance(src, np.ndarray):
+                if self._staging is not None and not (isinstance(src, torch.Tensor) and src.is_cuda):
+                    src = self._staging.put(name, src[skip:], m)   # host rows -> pinned -> device, async
+                elif isinstance(src, np.ndarray):
                     src = torch.from_numpy(np.ascontiguousarray(src[skip:]))
                 else:
                     src = src.detach()[skip:]
-                src = src.to(self.device, dst.dtype)  # one host->device copy (synchronous: the caller may reuse its array)
+                src = src.to(self.device, dst.dtype)  # on the device already, or one synchronous copy
                 dst[start : start + first] = src[:first]
                 if first < m:
                     dst[: m - first] = src[first:]
+        if self._staging is not None:
+            self._staging.done()
         slots = (start + np.arange(m, dtype=np.int64)) % self.capacity
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.capacity, self.size + n)
@@ -323,3 +330,44 @@ class Storage:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}:{d.name}{list(s)}" for k, (s, d) in self.spec.items())
         return f"Storage(size={self.size}/{self.capacity}, pos={self.pos}, device={self.device}, fields=[{fields}])"
+
+
+class PinnedStaging:
+    """Host -> GPU copies of inserted batches through pinned (page-locked) memory, asynchronous.
+
+    Two pinned buffers per field, used in turn: a batch is written into one (cast to the field's dtype
+    on the host), its copy to the device is enqueued on the current stream with non_blocking=True and
+    an event recorded; the buffer is written again only after that event, so the caller's arrays are
+    free at once and the next batch's host-side write overlaps the previous copy. Kernels that read
+    the storage later on the same stream (the learner's gathers) see the rows."""
+
+    def __init__(self, spec: dict[str, tuple[tuple[int, ...], np.dtype]], device: torch.device, turns: int = 2):
+        self.spec, self.device = spec, device
+        self.turns = turns
+        self.turn = 0
+        self.host: list[dict[str, torch.Tensor]] = [{} for _ in range(turns)]
+        self.events: list = [None] * turns
+
+    def put(self, name: str, src: ArrayLike, n: int) -> torch.Tensor:
+        """The first n rows of src, on the device (a copy in flight; ordered before later kernels)."""
+        if self.events[self.turn] is not None:   # this turn's buffers were last used by a copy: wait for it
+            self.events[self.turn].synchronize()
+            self.events[self.turn] = None
+        shape, dtype = self.spec[name]
+        host = self.host[self.turn].get(name)
+        if host is None or host.shape[0] < n:   # grown to the largest batch seen (pinned allocation is slow)
+            host = torch.empty((max(n, 2 * (0 if host is None else host.shape[0])), *shape),
+                               dtype=torch_dtype(dtype)).pin_memory()
+            self.host[self.turn][name] = host
+        if isinstance(src, torch.Tensor):
+            host[:n].copy_(src.detach()[:n])
+        else:
+            np.copyto(host[:n].numpy(), np.asarray(src)[:n], casting="unsafe")
+        return host[:n].to(self.device, non_blocking=True)
+
+    def done(self) -> None:
+        """After a batch's fields: mark its buffers in use until its copies finish; the next turn."""
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        self.events[self.turn] = ev
+        self.turn = (self.turn + 1) % self.turns

@@ -28,7 +28,7 @@ import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec, prepare_env
-from hetrl.algos import compiled, make_algorithm, replay_spec
+from hetrl.algos import compiled, graphed, make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
@@ -113,6 +113,8 @@ class LearnerCore:
             # 2-thread SAC update 12 ms instead of 6 (algos/compiled.py, use_threads)
             self.governor.apply = lambda n: compiled.use_threads(self.algo, n)
             self.governor.apply(self.governor.threads)
+        # on a GPU: each phase replayed as one CUDA graph where the planner measured it faster (algos/graphed.py)
+        self.graphed = graphed.GraphedLearner(self.algo) if cfg.cuda_graph and self.device.type == "cuda" else None
         self.spec = replay_spec(self.obs_space, self.act_space)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
@@ -231,7 +233,7 @@ class LearnerCore:
             self.learn_mark = (self.elapsed(), c.env_steps)
         self.governor.tick()
         t0 = time.perf_counter()
-        td = self.algo.learn(stack, weights)
+        td = (self.graphed or self.algo).learn(stack, weights)
         if self.cfg.check_finite and not bool(torch.isfinite(td).all()):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
@@ -289,8 +291,9 @@ class LearnerCore:
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
                "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures(),
                "learner_kernel": ("compiled" if getattr(self.algo, "compiled_phase", False) else
+                                  "cuda_graph" if self.graphed is not None and self.graphed.graphs else
                                   "fast" if getattr(self.algo, "fast", None) else "public"),
-               "compile_s": getattr(self.algo, "compile_s", 0.0)}
+               "compile_s": getattr(self.algo, "compile_s", 0.0) + (self.graphed.capture_s if self.graphed else 0.0)}
         out.update(peak_memory(self.device))
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
