@@ -35,7 +35,9 @@ def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
         from stable_baselines3.common.vec_env import VecFrameStack
 
         gym.register_envs(ale_py)
-        env = VecFrameStack(make_atari_env(env, n_envs=cfg.num_envs, seed=cfg.seed), n_stack=cfg.frame_stack)
+        # AtariWrapper skips frames itself: the v5 ids' own frameskip off (as hetrl's atari.base_kwargs)
+        env = VecFrameStack(make_atari_env(env, n_envs=cfg.num_envs, seed=cfg.seed, env_kwargs={"frameskip": 1}),
+                            n_stack=cfg.frame_stack)
         policy = "CnnPolicy"
     if cfg.algo == "dqn":
         return sb3.DQN(policy, env, target_update_interval=cfg.target_update_interval, tau=cfg.tau,
