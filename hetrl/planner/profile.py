@@ -561,27 +561,26 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         explore = (lambda steps: 0.1)
         # -- envs and actors; env_backend=auto: both backends timed on the widest vector, the faster one is
         # measured below and run (EnvPool where it has the env, Gymnasium otherwise)
+        def env_step(name: str, w: int) -> Timing:
+            venv = make_vector_env(env, w, 0, name)
+            acts = [venv.action_space.sample() for _ in range(64)]
+            it = iter(range(1 << 62))
+            try:
+                return measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu)
+            finally:
+                venv.close()
+
         backend = "gymnasium" if cfg.env_backend == "auto" else cfg.env_backend
         data["env_backend"] = {"chosen": backend}
         if cfg.env_backend == "auto" and envpool_supports(env):
-            w = max(W)
             for name in ("gymnasium", "envpool"):
-                say(f"env step ({name}), {w} env(s)")
-                venv = make_vector_env(env, w, 0, name)
-                acts = [venv.action_space.sample() for _ in range(64)]
-                it = iter(range(1 << 62))
-                data["env_backend"][f"{name}_s"] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(),
-                                                           **cpu).s / w
-                venv.close()
+                say(f"env step ({name}), {max(W)} env(s)")
+                data["env_backend"][f"{name}_s"] = env_step(name, max(W)).s / max(W)
             backend = min(("gymnasium", "envpool"), key=lambda n: data["env_backend"][f"{n}_s"])
             data["env_backend"]["chosen"] = backend
         for w in W:
             say(f"env step, {w} env(s)")
-            venv = make_vector_env(env, w, 0, backend)
-            acts = [venv.action_space.sample() for _ in range(64)]
-            it = iter(range(1 << 62))
-            data["env"][str(w)] = measure(lambda: venv.step(acts[next(it) % 64]), cap_s=budget.cap(), **cpu).to_json()
-            venv.close()
+            data["env"][str(w)] = env_step(backend, w).to_json()
             say(f"actor step (env + inference + n-step), {w} env(s)")
             actor = ActorSpec(env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
                               backend).build()
