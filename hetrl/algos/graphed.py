@@ -26,6 +26,8 @@ Tested against eager on a GPU by `benchmarks/gpu_check.py` (the same parameters 
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -71,8 +73,8 @@ def owned_tensors(algo) -> list[torch.Tensor]:
 def snapshot(algo) -> tuple[list, int, set[int]]:
     """What `restore` puts back: a copy of every tensor the learner owns, its `updates` counter, and
     which optimizer state existed (Adam makes its moments at the first step)."""
-    return [(t, t.detach().clone()) for t in owned_tensors(algo)], algo.updates, \
-        {id(t) for t in owned_tensors(algo)}
+    owned = owned_tensors(algo)
+    return [(t, t.detach().clone()) for t in owned], algo.updates, {id(t) for t in owned}
 
 
 @torch.no_grad()
@@ -155,8 +157,6 @@ class GraphedLearner:
         if graph is None:
             if len(self.graphs) >= self.max_graphs or not applies(self.algo, int(weights.shape[0])):
                 return self.algo.learn(batches, weights)
-            import time
-
             t = time.perf_counter()
             graph = self.graphs[key] = _Graph(self.algo, batches, weights)
             self.capture_s += time.perf_counter() - t
