@@ -189,3 +189,57 @@ def test_training_with_the_compiled_phase(tmp_path):
                       learning_starts=1000, eval_episodes=2, threads=1)
     assert run.cfg.compiled and run.result["gradient_steps"] >= 1000 and (tmp_path / "checkpoint.pt").exists()
     assert run.result["learner_kernel"] == "compiled"
+
+
+@pytest.mark.parametrize("name", ["dqn", "ddpg", "td3", "sac"])
+def test_compiled_acting_equals_the_torch_forward(name):
+    """A policy's compiled forward (compiled.Acting) gives the torch forward's actions, greedy/mean and
+    exploring (same noise), after weights are loaded, and after the policy is pickled to another process."""
+    import pickle
+
+    import numpy as np
+
+    spaces = SPACES if name == "dqn" else AC_SPACES
+    env = "CartPole-v1" if name == "dqn" else "Pendulum-v1"
+    cfg = make_config(name, env, {"net_arch": [24, 16], "compiled": True})
+    torch.manual_seed(0)
+    algo = make_algorithm(cfg, *spaces)
+    fast, ref = algo.make_policy(seed=3, num_envs=5), algo.make_policy(seed=3, num_envs=5)
+    ref.fast = None
+    assert isinstance(fast.fast, compiled.Acting)
+    obs = np.random.default_rng(0).standard_normal((5, spaces[0].shape[0])).astype(np.float32)
+
+    def same(p, q):
+        np.testing.assert_allclose(p.act_deterministic(obs), q.act_deterministic(obs), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(p.act(obs, 0.3)[1], q.act(obs, 0.3)[1], rtol=1e-5, atol=1e-6)
+
+    same(fast, ref)
+    with torch.no_grad():   # new weights, as the learner publishes them
+        for p in (algo.q if name == "dqn" else algo.actor).parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    state = {k: v.clone() for k, v in algo.policy_state().items()}
+    moved = pickle.loads(pickle.dumps(fast))
+    for p in (fast, ref, moved):
+        p.load(state)
+    same(fast, ref)
+    moved.rng, ref.rng = np.random.default_rng(9), np.random.default_rng(9)
+    same(moved, ref)
+
+
+def test_compiled_acting_applies_to_plain_mlps_only():
+    cfg = make_config("dqn", "CartPole-v1", {"net_arch": [8], "compiled": True, "dueling": True})
+    assert make_algorithm(cfg, *SPACES).make_policy(seed=0).fast is None
+    plain = make_algorithm(dataclasses.replace(cfg, dueling=False), *SPACES)
+    assert plain.make_policy(seed=0).fast is not None
+    assert make_algorithm(dataclasses.replace(cfg, dueling=False, compiled=False), *SPACES).make_policy(seed=0).fast is None
+
+
+def test_load_weights_copies_a_twin_state_and_refuses_another():
+    from hetrl.algos.nets import load_weights, mlp
+
+    a, b = mlp([3, 4, 2]), mlp([3, 4, 2])
+    load_weights(b, a.state_dict())
+    for x, y in zip(a.parameters(), b.parameters()):
+        assert torch.equal(x, y) and x.data_ptr() != y.data_ptr()
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_weights(b, mlp([3, 5, 2]).state_dict())

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hetrl.algos import compiled, fastpath
-from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, load_weights, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -45,8 +45,11 @@ class DDPGPolicy:
     Stores actions in [-1, 1]; the env gets them rescaled to its Box bounds."""
 
     def __init__(self, net: Actor, low: np.ndarray, high: np.ndarray, noise_type: str, seed: int,
-                 num_envs: int | None = None, device: str = "cpu", ou_theta: float = 0.15, ou_dt: float = 1e-2):
+                 num_envs: int | None = None, device: str = "cpu", ou_theta: float = 0.15, ou_dt: float = 1e-2,
+                 compiled_act: bool = False):
         self.net, self.device = net.to(device).eval(), device
+        # optional: the same forward as one compiled call (compiled.Acting), with the run's compiled kernels
+        self.fast = compiled.Acting.of(self.net, "mu") if compiled_act else None
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         self.noise_type, self.rng = noise_type, np.random.default_rng(seed)
         self.ou_theta, self.ou_dt = ou_theta, ou_dt
@@ -57,6 +60,8 @@ class DDPGPolicy:
 
     @torch.no_grad()
     def deterministic(self, obs: np.ndarray) -> np.ndarray:
+        if self.fast is not None:
+            return self.fast(obs)
         return self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device)).cpu().numpy()
 
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
@@ -81,7 +86,7 @@ class DDPGPolicy:
         return self.scale(a), a
 
     def load(self, state: dict) -> None:
-        self.net.load_state_dict(state)
+        load_weights(self.net, state)
 
     def episode_end(self, done: np.ndarray) -> None:
         if self.ou_state is not None:
@@ -97,7 +102,8 @@ class NoisyActing:
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DDPGPolicy:
         net = self._actor()
         net.load_state_dict(self.policy_state())
-        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device)
+        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device,
+                          compiled_act=bool(self.cfg.compiled))
 
     def policy_state(self) -> dict:
         return self.actor.state_dict()

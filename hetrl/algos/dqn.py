@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algos import compiled, fastpath
-from hetrl.algos.nets import Checkpointed, FlatAdam, NatureCNN, mlp, soft_update
+from hetrl.algos.nets import Checkpointed, FlatAdam, NatureCNN, load_weights, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -57,14 +57,18 @@ class QNetwork(nn.Module):
 class DQNPolicy:
     """Epsilon-greedy acting on a snapshot of the Q-network (runs in actors)."""
 
-    def __init__(self, net: QNetwork, n_actions: int, seed: int, device: str = "cpu"):
+    def __init__(self, net: QNetwork, n_actions: int, seed: int, device: str = "cpu", compiled_act: bool = False):
         self.net, self.n_actions, self.device = net.to(device).eval(), n_actions, device
         self.rng = np.random.default_rng(seed)
         self.dtype = None if net.pixels else torch.float32   # pixels stay uint8 up to the network
+        # optional: the same forward as one compiled call (compiled.Acting), with the run's compiled kernels
+        self.fast = compiled.Acting.of(self.net, "q") if compiled_act else None
 
     @torch.no_grad()
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions."""
+        if self.fast is not None:
+            return self.fast(obs).argmax(-1)
         q = self.net(torch.as_tensor(obs, dtype=self.dtype, device=self.device))
         return q.argmax(-1).cpu().numpy()
 
@@ -80,7 +84,7 @@ class DQNPolicy:
         return a, a
 
     def load(self, state: dict) -> None:
-        self.net.load_state_dict(state)
+        load_weights(self.net, state)
 
     def episode_end(self, done: np.ndarray) -> None:
         pass
@@ -111,7 +115,7 @@ class DQN(Checkpointed):
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DQNPolicy:
         net = self._net()
         net.load_state_dict(self.policy_state())
-        return DQNPolicy(net, self.n_actions, seed, device)
+        return DQNPolicy(net, self.n_actions, seed, device, compiled_act=bool(self.cfg.compiled))
 
     def policy_state(self) -> dict:
         return self.q.state_dict()

@@ -31,7 +31,7 @@ from torch import nn
 
 from hetrl.algos import compiled
 from hetrl.algos.ddpg import Critic
-from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, Checkpointed, FlatAdam, flatten, mlp, soft_update
+from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, Checkpointed, FlatAdam, flatten, load_weights, mlp, soft_update
 from hetrl.config import Config
 
 
@@ -63,10 +63,13 @@ class SACPolicy:
     """Samples from the squashed Gaussian on a snapshot of the actor (runs in actors; noise from its own
     numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds."""
 
-    def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu"):
+    def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu",
+                 compiled_act: bool = False):
         self.net, self.device = net.to(device).eval(), device
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         self.rng = np.random.default_rng(seed)
+        # optional: the same forward as one compiled call (compiled.Acting), with the run's compiled kernels
+        self.fast = compiled.Acting.of(self.net, "sac") if compiled_act else None
 
     def scale(self, a: np.ndarray) -> np.ndarray:
         return self.low + (a + 1.0) * 0.5 * (self.high - self.low)
@@ -74,6 +77,8 @@ class SACPolicy:
     @torch.no_grad()
     def deterministic(self, obs: np.ndarray) -> np.ndarray:
         """tanh(mean(s)), in [-1, 1]."""
+        if self.fast is not None:
+            return self.fast(obs, None, len(self.low))
         mean, _ = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
         return torch.tanh(mean).cpu().numpy()
 
@@ -87,13 +92,17 @@ class SACPolicy:
         if explore is None:  # warm-up: uniform random actions
             a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
         else:
-            eps = torch.from_numpy(self.rng.standard_normal((n, len(self.low)), dtype=np.float32)).to(self.device)
-            a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device), eps)
-            a = a.cpu().numpy()
+            eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
+            if self.fast is not None:
+                a = self.fast(obs, eps, len(self.low))
+            else:
+                a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device),
+                                       torch.from_numpy(eps).to(self.device))
+                a = a.cpu().numpy()
         return self.scale(a), a
 
     def load(self, state: dict) -> None:
-        self.net.load_state_dict(state)
+        load_weights(self.net, state)
 
     def episode_end(self, done: np.ndarray) -> None:
         pass
@@ -141,7 +150,7 @@ class SAC(Checkpointed):
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> SACPolicy:
         net = self._actor()
         net.load_state_dict(self.policy_state())
-        return SACPolicy(net, self.low, self.high, seed, device)
+        return SACPolicy(net, self.low, self.high, seed, device, compiled_act=bool(self.cfg.compiled))
 
     def policy_state(self) -> dict:
         return self.actor.state_dict()
