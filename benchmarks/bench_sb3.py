@@ -1,6 +1,6 @@
 """hetrl vs Stable-Baselines3 (and SBX, SB3 on JAX) on the same presets, alternating in one run.
 
-    python benchmarks/bench_sb3.py [--rounds 3] [--libs hetrl,sb3,sbx] [--plan auto|none]
+    python benchmarks/bench_sb3.py [--rounds 3] [--first-round 0] [--libs hetrl,sb3,sbx] [--plan auto|none]
         [--cases dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000]
 
 Every library trains with the rl-zoo preset (hetrl/presets.yaml; benchmarks/sb3_preset.py builds the
@@ -37,15 +37,30 @@ if lib == "hetrl":
     r = run.result
     print(json.dumps({"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
                       "schedule": run.cfg.schedule, "compiled": run.cfg.compiled, "fastpath": run.cfg.fastpath,
-                      "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s")}))
+                      "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
+                      "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}))
 else:
     sys.path.insert(0, __BENCH_DIR__)
     from sb3_preset import sb3_model
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Mark(BaseCallback):  # when learning starts: the learning phase's rate, as hetrl's result.json has it
+        t = None
+
+        def _on_step(self):
+            if self.t is None and self.num_timesteps >= cfg.learning_starts:
+                self.t = (time.perf_counter(), self.num_timesteps)
+            return True
+
     model = sb3_model(cfg, env, lib=lib, device="cpu")
+    mark = Mark()
     t = time.perf_counter()
-    model.learn(total_timesteps=steps)
-    wall = time.perf_counter() - t
-    print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "gradient_steps": model._n_updates}))
+    model.learn(total_timesteps=steps, callback=mark)
+    end = time.perf_counter()
+    wall = end - t
+    learning = (model.num_timesteps - mark.t[1]) / (end - mark.t[0]) if mark.t and end > mark.t[0] else None
+    print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "gradient_steps": model._n_updates,
+                      "env_steps_per_s_learning": learning}))
 """.replace("__BENCH_DIR__", repr(str(HERE)))
 
 
@@ -72,6 +87,8 @@ def main() -> None:
     ap.add_argument("--libs", default="hetrl,sb3")
     ap.add_argument("--plan", default="auto", choices=["auto", "none"])
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000")
+    ap.add_argument("--first-round", type=int, default=0,
+                    help="number of the first round (its library order): continue an earlier run's rotation")
     ap.add_argument("--out", default=str(HERE / "results" / "bench_sb3.json"))
     args = ap.parse_args()
     libs = args.libs.split(",")
@@ -83,13 +100,14 @@ def main() -> None:
                             *[a for k, v in extra.items() for a in ("--set", f"{k}={v}")]],
                            capture_output=True, text=True)
         rows: dict[str, list] = {lib: [] for lib in libs}
-        for r in range(args.rounds):
+        for r in range(args.first_round, args.first_round + args.rounds):
             order = libs[r % len(libs):] + libs[:r % len(libs)]
             for lib in order:
                 res = run_one(algo, env, steps, lib, extra, args.plan)
                 rows[lib].append(res)
+                learning = res.get("env_steps_per_s_learning")
                 print(f"{algo} {env} round {r} {lib:>5}: {res['env_steps_per_s']:8.0f} env steps/s "
-                      f"({res['wall_s']:.1f} s)", flush=True)
+                      f"({res['wall_s']:.1f} s)" + (f"; {learning:.0f} while learning" if learning else ""), flush=True)
         med = {lib: statistics.median(x["env_steps_per_s"] for x in rows[lib]) for lib in rows}
         ratios = {f"hetrl/{lib}": med["hetrl"] / med[lib] for lib in libs if lib != "hetrl" and "hetrl" in med}
         print(f"==> {algo} {env}: " + ", ".join(f"{lib} {v:.0f}" for lib, v in med.items()) + " env steps/s"
