@@ -69,19 +69,26 @@ def _sizes(seq: nn.Sequential, last: type[nn.Module] | None) -> np.ndarray | Non
     return np.array([lin[0].in_features] + [m.out_features for m in lin], np.int64)
 
 
+def _policy_sizes(net: nn.Module, kind: str) -> np.ndarray | None:
+    """The sizes of a policy network as the compiled code takes it: a DQN QNetwork ("q": its MLP, not dueling,
+    not pixels), a DDPG/TD3 Actor ("mu": its tanh MLP) or a SAC GaussianActor ("sac": its ReLU body, with
+    Linear mean and log_std heads); None where it does not apply."""
+    if kind == "q":
+        return None if net.pixels or net.dueling else _sizes(net.q, None)
+    if kind == "mu":
+        return _sizes(net.mu, nn.Tanh)
+    heads = all(type(getattr(net, n)) is nn.Linear for n in ("mean", "log_std"))
+    return _sizes(net.body, nn.ReLU) if heads else None
+
+
 def _nets(algo) -> dict | None:
     """The sizes of `algo`'s networks as the compiled phases take them, or None where they do not apply."""
     if algo.name == "dqn":
-        sizes = _sizes(algo.q.q, None) if not algo.cfg.dueling else None
+        sizes = _policy_sizes(algo.q, "q")
         return None if sizes is None else {"q": sizes}
     if algo.name in ("ddpg", "td3", "sac"):
         critic = algo.critic if algo.name == "ddpg" else algo.critics[0]
-        if algo.name == "sac":
-            actor = _sizes(algo.actor.body, nn.ReLU)
-            heads = all(type(getattr(algo.actor, n)) is nn.Linear for n in ("mean", "log_std"))
-            actor = actor if heads else None
-        else:
-            actor = _sizes(algo.actor.mu, nn.Tanh)
+        actor = _policy_sizes(algo.actor, "sac" if algo.name == "sac" else "mu")
         critic = _sizes(critic.q, None)
         return None if actor is None or critic is None else {"actor": actor, "critic": critic}
     return None
@@ -547,13 +554,7 @@ class Acting:
             return None
         if getattr(net, "obs_ndim", 1) != 1:
             return None
-        if kind == "q":
-            sizes = None if net.pixels or net.dueling else _sizes(net.q, None)
-        elif kind == "mu":
-            sizes = _sizes(net.mu, nn.Tanh)
-        else:
-            heads = all(type(getattr(net, n)) is nn.Linear for n in ("mean", "log_std"))
-            sizes = _sizes(net.body, nn.ReLU) if heads else None
+        sizes = _policy_sizes(net, kind)
         return None if sizes is None else Acting(net, kind, sizes)
 
     def __getstate__(self) -> dict:
