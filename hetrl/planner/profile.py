@@ -56,7 +56,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase  # the runtime's: gradient steps per training phase
 
-FORMAT = "hetrl-profile/8"
+FORMAT = "hetrl-profile/9"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 
@@ -556,8 +556,41 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
 
     try:
         torch.set_num_threads(1)  # actors run one torch thread each
-        base = type(cfg)(**{**cfg.to_dict()})
-        algo_cpu = make_algorithm(base, obs_space, act_space, "cpu")
+        # -- learner (synthetic_batch and learn_timing below: the check in benchmarks/gpu_check.py times with them too)
+        def synth(B: int, K: int, dev: str) -> tuple[dict, torch.Tensor]:
+            return synthetic_batch(spec, act_space, B, K, dev)
+
+        def timed_learn(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
+            return learn_timing(algo, batch, wts, dev, steps, cap_s=budget.cap(), threads=th, one=one, **mkw)
+
+        # the CPU learner's kernel: the public path, the hand-derived fast path (algos/fastpath.py) or the
+        # compiled phase (algos/compiled.py), whichever measures fastest here on a phase of K steps;
+        # every learner figure below is of the chosen one
+        from dataclasses import replace
+
+        data["fastpath"] = {"chosen": False, "kernel": "public"}
+        if "cpu" in devices:
+            K = max(grid["k_groups"] or [1])
+            flags = {"public": {}, "fast": {"fastpath": True}, "compiled": {"compiled": True}}
+            algos = {name: make_algorithm(replace(cfg, **f), obs_space, act_space, "cpu") for name, f in flags.items()}
+            # a kernel that does not apply here (torch without the private calls, a CNN, SAC...) fell back to
+            # the public path: not timed twice
+            took = {"public": True, "fast": getattr(algos["fast"], "fast", None) is not None,
+                    "compiled": getattr(algos["compiled"], "compiled_phase", False)}
+            algos = {n: a for n, a in algos.items() if took[n]}
+            per_step = {}
+            if len(algos) > 1:
+                for name, algo in algos.items():
+                    say(f"learner kernel on cpu ({name}), {K} steps")
+                    batch, wts = synth(cfg.batch_size, K, "cpu")
+                    per_step[name] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
+                best = min(per_step, key=per_step.get)
+                data["fastpath"] = {**{f"{n}_s": s for n, s in per_step.items()}, "kernel": best,
+                                    "chosen": best == "fast"}
+        kernel = data["fastpath"].get("kernel", "public")
+        cfg = replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
+        # the actors below act as the run will: with the compiled kernel, through the compiled forward too
+        algo_cpu = make_algorithm(cfg, obs_space, act_space, "cpu")
         explore = (lambda steps: 0.1)
         # -- envs and actors; env_backend=auto: both backends timed on the widest vector, the faster one is
         # measured below and run (EnvPool where it has the env, Gymnasium otherwise)
@@ -600,39 +633,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 data["infer"][dev][str(w)] = measure(lambda: policy.act(obs, 0.1), cap_s=budget.cap(),
                                                      sync=sync_of(dev), **kw_of(dev)).to_json()
 
-        # -- learner (synthetic_batch and learn_timing below: the check in benchmarks/gpu_check.py times with them too)
-        def synth(B: int, K: int, dev: str) -> tuple[dict, torch.Tensor]:
-            return synthetic_batch(spec, act_space, B, K, dev)
-
-        def timed_learn(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
-            return learn_timing(algo, batch, wts, dev, steps, cap_s=budget.cap(), threads=th, one=one, **mkw)
-
-        # the CPU learner's kernel: the public path, the hand-derived fast path (algos/fastpath.py) or the
-        # compiled phase (algos/compiled.py), whichever measures fastest here on a phase of K steps;
-        # every learner figure below is of the chosen one
-        from dataclasses import replace
-
-        data["fastpath"] = {"chosen": False, "kernel": "public"}
-        if "cpu" in devices:
-            K = max(grid["k_groups"] or [1])
-            flags = {"public": {}, "fast": {"fastpath": True}, "compiled": {"compiled": True}}
-            algos = {name: make_algorithm(replace(cfg, **f), obs_space, act_space, "cpu") for name, f in flags.items()}
-            # a kernel that does not apply here (torch without the private calls, a CNN, SAC...) fell back to
-            # the public path: not timed twice
-            took = {"public": True, "fast": getattr(algos["fast"], "fast", None) is not None,
-                    "compiled": getattr(algos["compiled"], "compiled_phase", False)}
-            algos = {n: a for n, a in algos.items() if took[n]}
-            per_step = {}
-            if len(algos) > 1:
-                for name, algo in algos.items():
-                    say(f"learner kernel on cpu ({name}), {K} steps")
-                    batch, wts = synth(cfg.batch_size, K, "cpu")
-                    per_step[name] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
-                best = min(per_step, key=per_step.get)
-                data["fastpath"] = {**{f"{n}_s": s for n, s in per_step.items()}, "kernel": best,
-                                    "chosen": best == "fast"}
-        kernel = data["fastpath"].get("kernel", "public")
-        cfg = replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
+        # -- learner, with the kernel chosen above
         data["cuda_graph"] = {}
         for dev in devices:
             data["learn"][dev] = {}
