@@ -190,3 +190,14 @@ def test_thread_ratio_is_measured_in_pairs():
     t = measure_threads(lambda: a @ a, 2, cap_s=0.5, min_round_s=0.002)
     assert t.s > 0 and t.rounds >= 1 and t.calls >= 1
     assert torch.get_num_threads() == before   # the caller's thread count is restored
+
+
+def test_a_profile_belongs_to_the_optional_packages_installed():
+    """A venv without EnvPool (or numba) must not read a profile made where they were installed: its plan
+    would ask for them. Their versions are part of the machine's id, hence of the cache file's name."""
+    from hetrl.planner.profile import machine_id, machine_info
+
+    m = machine_info()
+    assert set(m["optional"]) == {"envpool", "numba"}
+    other = {**m, "optional": {**m["optional"], "envpool": None if m["optional"]["envpool"] else "0.8.4"}}
+    assert machine_id(other) != machine_id(m)

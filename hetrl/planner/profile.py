@@ -86,7 +86,22 @@ def machine_info() -> dict:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cores": os.cpu_count() or 1,
-            "torch": torch.__version__, "gpus": gpus}
+            "torch": torch.__version__, "gpus": gpus, "optional": _optional_versions()}
+
+
+def _optional_versions() -> dict:
+    """The versions of the optional packages a plan may pick (None: not installed). Part of the machine's
+    id, so an environment without EnvPool or numba measures its own profile instead of reading one made
+    where they were installed (whose plan would ask for them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("envpool", "numba"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def machine_id(machine: dict) -> str:
