@@ -83,3 +83,27 @@ def test_ray_store_travels_to_an_actor_by_reference(ray_session):
         return got[1], got[0]["w"].tolist()
 
     assert ray.get(read.remote(store)) == (0, [4.0, 4.0, 4.0])
+
+
+def test_in_process_store_copies_into_its_last_buffers_when_they_fit():
+    """A publish of the same names and shapes copies into the buffers of the last one (no allocation per
+    publish); another layout gets new buffers. Either way the learner's later writes never show."""
+    store = InProcessParameterStore()
+    live = state(1.0)
+    store.publish(live)
+    first, v1 = store.latest(-1)
+    live["w"].fill_(5.0)            # the learner changes its weights in place: the store's copy does not
+    assert float(first["w"][0]) == 1.0
+    store.publish(live)
+    second, v2 = store.latest(v1)
+    assert v2 == v1 + 1 and second["w"] is first["w"] and float(second["w"][0]) == 5.0
+    store.publish({"w": torch.ones(4)})   # another layout
+    third, _ = store.latest(v2)
+    assert third["w"].shape == (4,) and list(third) == ["w"]
+
+
+def test_the_finite_check_reads_cpu_and_autograd_tensors():
+    from hetrl.runtime.core import _all_finite
+
+    assert _all_finite(torch.zeros(2, 3)) and not _all_finite(torch.tensor([0.0, float("nan")]))
+    assert not _all_finite(torch.tensor([float("inf")], requires_grad=True))

@@ -39,7 +39,15 @@ class InProcessParameterStore:
         self._state: dict[str, torch.Tensor] | None = None
 
     def publish(self, state: dict[str, torch.Tensor]) -> int:
-        self._state = host_copy(state)  # actors act on the CPU, from weights the learner cannot change
+        # actors act on the CPU, from weights the learner cannot change: a host copy, into the buffers of the
+        # last one when they fit (the in-process reader copies what it reads at once, as policies' load does)
+        old = self._state
+        if old is not None and list(old) == list(state) and all(
+                o.shape == v.shape and o.dtype == v.dtype for o, v in zip(old.values(), state.values())):
+            for o, v in zip(old.values(), state.values()):
+                o.copy_(v.detach())
+        else:
+            self._state = host_copy(state)
         self.version += 1
         return self.version
 
