@@ -107,3 +107,4 @@ def test_the_finite_check_reads_cpu_and_autograd_tensors():
 
     assert _all_finite(torch.zeros(2, 3)) and not _all_finite(torch.tensor([0.0, float("nan")]))
     assert not _all_finite(torch.tensor([float("inf")], requires_grad=True))
+    assert _all_finite(torch.ones(3, dtype=torch.bfloat16)) and not _all_finite(torch.tensor([float("nan")]).bfloat16())
