@@ -195,9 +195,10 @@ def test_thread_ratio_is_measured_in_pairs():
 def test_a_profile_belongs_to_the_optional_packages_installed():
     """A venv without EnvPool (or numba) must not read a profile made where they were installed: its plan
     would ask for them. Their versions are part of the machine's id, hence of the cache file's name."""
-    from hetrl.planner.profile import machine_id, machine_info
+    from hetrl.planner.profile import machine_info
 
     m = machine_info()
     assert set(m["optional"]) == {"envpool", "numba"}
     other = {**m, "optional": {**m["optional"], "envpool": None if m["optional"]["envpool"] else "0.8.4"}}
-    assert machine_id(other) != machine_id(m)
+    cfg = make_config("dqn", "CartPole-v1")
+    assert cache_path(cfg, other) != cache_path(cfg, m)

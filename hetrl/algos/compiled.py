@@ -649,10 +649,8 @@ def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> t
     cfg, b, nets = algo.cfg, batches, _nets_of(algo)
     K = weights.shape[0]
     if algo.name == "td3":
-        # per step, as the eager path draws it (one step: one draw of the same numbers, without the stack)
-        raw = torch.randn_like(b["action"]) if K == 1 else torch.stack([torch.randn_like(b["action"][k])
-                                                                           for k in range(K)])
-        noise = (raw * cfg.target_policy_noise).clamp_(-cfg.target_noise_clip, cfg.target_noise_clip)
+        noise = torch.stack([(torch.randn_like(b["action"][k]) * cfg.target_policy_noise)
+                             .clamp(-cfg.target_noise_clip, cfg.target_noise_clip) for k in range(K)])
         n_critics, delay = 2, int(cfg.policy_delay)
     else:
         noise, n_critics, delay = torch.zeros_like(b["action"]), 1, 1
