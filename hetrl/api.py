@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 import hetrl
-from hetrl.actors.envs import EnvSpec, env_name, prepare_env, probe_spaces
+from hetrl.actors.envs import FLATTENED, EnvSpec, env_name, prepare_env, probe_spaces, raw_observation_space
 from hetrl.algos import make_algorithm
 from hetrl.checkpoint import FORMAT, atomic_save, check_out_dir, read_checkpoint, read_replay, write_json
 from hetrl.config import Config, make_config, read_config_file
@@ -31,26 +32,62 @@ from hetrl.logger import Logger
 SELECT_SEED, REPORT_SEED = 10_000, 20_000   # eval env seeds (offsets): choosing the best vs reporting it
 
 
+def _is_one(space: gym.Space, obs: Any) -> bool:
+    """Whether `obs` is one observation of `space` (else a batch: a sequence of them, or a vector env's
+    batched Tuple / Dict observation)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return np.ndim(obs) == 0
+    if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return np.shape(obs) == space.shape
+    return space.contains(obs)
+
+
+def _observations(space: gym.Space, obs: Any) -> list:
+    if _is_one(space, obs):
+        return [obs]
+    if isinstance(space, gym.spaces.Dict) and isinstance(obs, dict):    # a vector env's: key -> batch
+        return [dict(zip(obs, parts)) for parts in zip(*obs.values())]
+    if isinstance(space, gym.spaces.Tuple) and isinstance(obs, tuple):  # a vector env's: part -> batch
+        return list(zip(*obs))
+    return list(obs)
+
+
 class Policy:
     """A trained policy: `act(obs)` gives the deterministic (greedy) env action(s)."""
 
     def __init__(self, algo, cfg: Config, env: EnvSpec, state: dict | None = None):
         self.algo, self.cfg, self.env = algo, cfg, env
         self._p = algo.make_policy(seed=cfg.seed)
+        self._raw_space: gym.Space | None = None   # the env's own observation space, when act() needs it
         if state is not None:
             self._p.load(state)
 
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        obs = np.asarray(obs, dtype=np.float32)
+    def act(self, obs: Any) -> np.ndarray:
+        """obs: one observation or a batch, as the env gives them (Discrete, Tuple, Dict... observations
+        are flattened as in training) or already as the flat float vectors the networks take."""
+        obs = self._flat(obs)
         single = obs.shape == tuple(self.algo.obs_shape)
         a = self._p.act_deterministic(obs[None] if single else obs)
         return a[0] if single else a
+
+    def _flat(self, obs: Any) -> np.ndarray:
+        shape = tuple(self.algo.obs_shape)
+        if isinstance(obs, np.ndarray) and obs.dtype == np.float32 and obs.shape[obs.ndim - len(shape):] == shape:
+            return obs   # the networks' own input
+        if self._raw_space is None:
+            self._raw_space = raw_observation_space(self.env)
+        space = self._raw_space
+        if not isinstance(space, FLATTENED):
+            return np.asarray(obs, dtype=np.float32)
+        return np.stack([gym.spaces.flatten(space, o) for o in _observations(space, obs)]).astype(np.float32) \
+            .reshape((-1, *shape) if not _is_one(space, obs) else shape)
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, video_dir: str | None = None) -> dict:
         if episodes <= 0:
             raise UsageError(f"episodes must be positive, got {episodes}")
         seed = self.cfg.seed + REPORT_SEED if seed is None else seed
-        return evaluate(self.act, self.eval_env, episodes, seed, video_dir=video_dir)
+        return evaluate(self.act, self.eval_env, episodes, seed, video_dir=video_dir,
+                        max_steps=self.cfg.eval_max_steps)
 
     @property
     def eval_env(self) -> EnvSpec:
@@ -315,6 +352,13 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
         new = dataclasses.replace(new, cuda_graph=result.cuda_graph and p.learner_device != "cpu")
     if cfg.env_backend == "auto":  # the env backend the profile measured faster here
         new = dataclasses.replace(new, env_backend=result.env_backend)
+        if cfg.schedule == "ray":  # measured here; the actors may run on any node
+            from hetrl.runtime.ray_schedule import cluster_env_backend
+
+            backend, why = cluster_env_backend(new.env_backend)
+            new = dataclasses.replace(new, env_backend=backend)
+            if why:
+                note(why)
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()

@@ -223,6 +223,10 @@ def _summary(result: dict, out: Path) -> None:
             "actor_busy_fraction", "learner_busy_fraction", "actor_restarts", "ray_nodes"]
     fig = {k: result[k] for k in keys if k in result}
     print(json.dumps(fig, indent=None, default=lambda v: round(v, 2)))
+    if result.get("eval_episodes_cut"):
+        print(f"hetrl: {result['eval_episodes_cut']} of {result.get('eval_episodes', '?')} evaluation episodes did not end "
+              f"within {result.get('eval_length_mean', 0):,.0f} steps and were cut there (set eval_max_steps)",
+              file=sys.stderr)
     print(f"hetrl: saved {out}/result.json and {out}/checkpoint.pt", file=sys.stderr)
 
 

@@ -104,6 +104,8 @@ class Config:
     # evaluation and logging
     eval_episodes: int = 10             # episodes per evaluation (0: no evaluation)
     eval_interval: int = 0              # env steps between evaluations during training; 0 = a tenth of the run
+    eval_max_steps: int = 0             # an evaluation episode is cut (truncated) after this many steps; 0 = the
+                                        # env's own time limit, or 10,000 for an env without one
     keep_best: bool = True              # the run's policy is the best evaluated one (SB3 EvalCallback style)
     log_interval: int = 2_000           # env steps between logged scalars
 
@@ -142,7 +144,7 @@ _CHOICES = {
 _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step", "policy_delay",
              "target_update_interval", "publish_interval", "log_interval", "replay_shards",
              "frame_stack", "atari_frame_skip", "atari_screen_size")
-_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval",
+_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval", "eval_max_steps",
                  "target_policy_noise", "target_noise_clip", "atari_noop_max",
                  "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}

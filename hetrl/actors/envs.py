@@ -14,6 +14,7 @@ frame stacking), as a picklable factory that every schedule builds the same way.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -90,16 +91,55 @@ def _import_module_of(env_id: str) -> None:
                              f"install it or fix the 'module:EnvId' id") from None
 
 
-def make_env(env: EnvSpec, render_mode: str | None = None, **kwargs) -> gym.Env:
+def make_env(env: EnvSpec, render_mode: str | None = None, flatten: bool = True, **kwargs) -> gym.Env:
     """One env from an id or a zero-argument factory; UsageError for unknown ids. `kwargs` go to
-    gymnasium.make (ids only)."""
+    gymnasium.make (ids only). flatten: observations that are not arrays (Discrete, MultiDiscrete,
+    MultiBinary, Tuple, Dict) become one float32 vector (`flatten_observations`)."""
     if isinstance(env, Prepared):
         return env(render_mode)
     if callable(env) and not isinstance(env, str):
         made = env()
         if not isinstance(made, gym.Env):
             raise UsageError(f"env factory {env_name(env)} returned {type(made).__name__}, not a gymnasium.Env")
-        return made
+        return flatten_observations(made) if flatten else made
+    made = _make_id(env, render_mode, **kwargs)
+    return flatten_observations(made) if flatten else made
+
+
+FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
+
+
+def flatten_observations(e: gym.Env) -> gym.Env:
+    """An env whose observations are not an array gets them as one float32 vector, as SB3's policies
+    see them: a Discrete one one-hot, MultiDiscrete concatenated one-hots, MultiBinary as 0/1, Tuple
+    and Dict their parts' flattenings concatenated (gymnasium.spaces.flatten; Dict in key order)."""
+    space = e.observation_space
+    if not isinstance(space, FLATTENED):
+        return e
+    try:
+        e = gym.wrappers.FlattenObservation(e)
+    except (NotImplementedError, TypeError, ValueError) as err:
+        raise UsageError(f"observation space {space} cannot be flattened into a vector ({err}); "
+                         "wrap the env so that its observations are a Box") from None
+    flat = e.observation_space
+    return gym.wrappers.TransformObservation(e, _as_float32, gym.spaces.Box(
+        flat.low.astype(np.float32), flat.high.astype(np.float32), flat.shape, np.float32))
+
+
+def _as_float32(obs: np.ndarray) -> np.ndarray:
+    return obs.astype(np.float32)
+
+
+def raw_observation_space(env: EnvSpec) -> gym.Space:
+    """The env's own observation space, before `flatten_observations`."""
+    e = make_env(env, flatten=False)
+    try:
+        return e.observation_space
+    finally:
+        e.close()
+
+
+def _make_id(env: str, render_mode: str | None = None, **kwargs) -> gym.Env:
     if not isinstance(env, str):
         raise UsageError(f"env must be an id like 'CartPole-v1' or a factory, got {type(env).__name__}")
     _import_module_of(env)
@@ -187,7 +227,13 @@ def envpool_supports(env: EnvSpec) -> bool:
         import envpool
     except ImportError:
         return False
-    return env in envpool.list_all_envs()
+    # EnvPool gives its envs' own observations: only array ones (hetrl flattens the others, on Gymnasium)
+    return env in envpool.list_all_envs() and _box_observations(env)
+
+
+@functools.lru_cache(maxsize=None)
+def _box_observations(env_id: str) -> bool:
+    return isinstance(raw_observation_space(env_id), gym.spaces.Box)
 
 
 def envpool_atari_task(env: EnvSpec) -> str | None:

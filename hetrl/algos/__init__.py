@@ -11,8 +11,9 @@ from hetrl.errors import UsageError
 
 def check_spaces(algo: str, obs_space: gym.Space, act_space: gym.Space) -> None:
     if not isinstance(obs_space, gym.spaces.Box):
-        raise UsageError(f"observation space {obs_space} is not a Box; hetrl's networks take array "
-                         "observations: wrap the env with gymnasium.wrappers.FlattenObservation")
+        raise UsageError(f"observation space {obs_space} is not a Box and cannot be flattened into one (hetrl "
+                         "flattens Discrete, MultiDiscrete, MultiBinary, Tuple and Dict); wrap the env so that its "
+                         "observations are an array")
     if algo == "dqn" and not isinstance(act_space, gym.spaces.Discrete):
         raise UsageError(f"DQN needs a discrete action space, this env has {act_space}; "
                          "use sac, td3 or ddpg for continuous actions")

@@ -65,8 +65,8 @@ def connect(cfg: Config):
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot connect to the Ray cluster at {cfg.ray_address!r}: {e}; start one with "
                              "`ray start --head` (README: Ray) or drop --address to start a local one") from None
-    else:
-        ray.init(num_cpus=os.cpu_count() or 1, **kw)
+    else:  # a new Ray of its own, even where `ray start` left a cluster on this machine (use --address auto for it)
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, **kw)
         _started = True
     return ray
 
@@ -85,6 +85,38 @@ def cluster_cpus() -> int:
     import ray
 
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _imports(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def nodes_lacking(module: str) -> list[str]:
+    """The addresses of the alive Ray nodes with CPUs (where actors may run) whose Python cannot import
+    `module`: the planner's choices (EnvPool) are measured on this machine and must hold on every node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    probe = ray.remote(num_cpus=0, max_retries=0)(_imports)
+    found = ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                     .remote(module) for n in nodes], timeout=120)
+    return [f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]})" for n, ok in zip(nodes, found) if not ok]
+
+
+def cluster_env_backend(measured: str) -> tuple[str, str | None]:
+    """The env backend for a Ray run whose profile (on this machine) measured `measured` faster:
+    EnvPool only where every node has it, else Gymnasium and a line saying why."""
+    if measured != "envpool" or not (lacking := nodes_lacking("envpool")):
+        return measured, None
+    return "gymnasium", (f"EnvPool measured faster here, but the Ray node(s) {', '.join(lacking)} do not have it: "
+                         "Gymnasium envs on every node")
 
 
 class _Slot:
@@ -107,6 +139,10 @@ class RaySchedule(Schedule):
         self.slots: list[_Slot] = []
         self.servers: list = []
         connect(cfg)
+        if cfg.env_backend == "envpool" and (lacking := nodes_lacking("envpool")):
+            self.close()
+            raise UsageError(f"env_backend=envpool but EnvPool is not installed on the Ray node(s) {', '.join(lacking)}: "
+                             "pip install 'hetrl[envpool]' there, or use --set env_backend=gymnasium")
         lay = layout(cfg, cores=cluster_cpus())
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
