@@ -87,3 +87,16 @@ def test_dict_observations_train_under_each_schedule(schedule):
         batch = {"pos": np.array([0, 1]), "vel": np.array([[0, -1], [0.5, -1]], np.float32)}   # a vector env's
         assert p.act(one) == p.act(np.array([0, 1, 0, 0.5, -1], np.float32))
         assert np.array_equal(p.act(batch), p.act(np.array([[1, 0, 0, 0, -1], [0, 1, 0, 0.5, -1]], np.float32)))
+
+
+def test_envpool_is_not_used_for_envs_whose_observations_hetrl_flattens():
+    envpool = pytest.importorskip("envpool")
+    from hetrl.actors.envs import envpool_supports, make_vector_env
+
+    assert "FrozenLake-v1" in envpool.list_all_envs() and "CartPole-v1" in envpool.list_all_envs()
+    assert not envpool_supports("FrozenLake-v1") and envpool_supports("CartPole-v1")
+    venv = make_vector_env("FrozenLake-v1", 2, 0, "auto")     # auto: Gymnasium, flattened
+    assert venv.observation_space.shape == (2, 16)
+    venv.close()
+    with pytest.raises(UsageError, match="observations that are not arrays"):
+        make_vector_env("FrozenLake-v1", 2, 0, "envpool")

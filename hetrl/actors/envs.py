@@ -359,7 +359,8 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int, backend: str = "gymn
         if isinstance(env, Prepared) and env.atari.noop_max < 1:
             raise UsageError("env_backend=envpool: EnvPool's Atari takes atari_noop_max >= 1; "
                              "use --set env_backend=gymnasium for atari_noop_max=0")
-        raise UsageError(f"env_backend=envpool but EnvPool is not installed or does not know {env_name(env)!r}; "
+        raise UsageError(f"env_backend=envpool but EnvPool is not installed or does not know {env_name(env)!r} (or gives "
+                         "observations that are not arrays, which hetrl flattens on Gymnasium envs only); "
                          "pip install 'hetrl[envpool]', or use --set env_backend=gymnasium")
     if isinstance(env, Prepared) and backend in ("auto", "envpool") and envpool_supports(env):
         return EnvPoolAtari(env, num_envs, seed)
