@@ -105,7 +105,7 @@ class Config:
     eval_episodes: int = 10             # episodes per evaluation (0: no evaluation)
     eval_interval: int = 0              # env steps between evaluations during training; 0 = a tenth of the run
     eval_max_steps: int = 0             # an evaluation episode is cut (truncated) after this many steps; 0 = the
-                                        # env's own time limit, or 10,000 for an env without one
+                                        # env's own time limit (Atari: ALE's), or 10,000 for an env without one
     keep_best: bool = True              # the run's policy is the best evaluated one (SB3 EvalCallback style)
     log_interval: int = 2_000           # env steps between logged scalars
 

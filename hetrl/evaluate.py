@@ -9,12 +9,14 @@ deterministic policy can loop forever where nothing ends the episode (CliffWalki
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 
 from hetrl.actors.envs import EnvSpec, make_env
+from hetrl.config import atari_id
 
 NO_LIMIT_STEPS = 10_000
 
@@ -24,7 +26,11 @@ def step_limit(e: gym.Env, max_steps: int = 0) -> int:
     if max_steps > 0:
         return max_steps
     spec = e.spec
-    return spec.max_episode_steps if spec is not None and spec.max_episode_steps else NO_LIMIT_STEPS
+    if spec is not None and spec.max_episode_steps:
+        return spec.max_episode_steps
+    if spec is not None and atari_id(spec.id):   # ALE truncates its own games (max_num_frames_per_episode)
+        return sys.maxsize
+    return NO_LIMIT_STEPS
 
 
 def evaluate(act: Callable[[np.ndarray], np.ndarray], env: EnvSpec, episodes: int, seed: int,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 import hetrl
+from hetrl.actors.envs import make_env
 from hetrl.evaluate import NO_LIMIT_STEPS, evaluate
 
 
@@ -45,3 +47,16 @@ def test_a_run_on_an_endless_env_finishes_and_reports_the_cut_episodes():
     run = hetrl.train("dqn", Endless, steps=400, learning_starts=100, eval_max_steps=200, evaluate_episodes=2,
                       progress=False)
     assert run.result["eval_episodes_cut"] == 2 and run.result["eval_return_mean"] == 200.0
+
+
+def test_atari_games_keep_ales_own_truncation():
+    pytest.importorskip("ale_py")
+    from hetrl.actors.envs import prepare_env
+    from hetrl.config import make_config
+    from hetrl.evaluate import step_limit
+
+    cfg = make_config("dqn", "ALE/Breakout-v5", {})
+    e = make_env(prepare_env("ALE/Breakout-v5", cfg, train=False))
+    assert step_limit(e) > 27_000          # the 108k-frame game limit applies, not NO_LIMIT_STEPS
+    assert step_limit(e, max_steps=500) == 500
+    e.close()
