@@ -225,7 +225,7 @@ def _summary(result: dict, out: Path) -> None:
     print(json.dumps(fig, indent=None, default=lambda v: round(v, 2)))
     if result.get("eval_episodes_cut"):
         print(f"hetrl: {result['eval_episodes_cut']} of {result.get('eval_episodes', '?')} evaluation episodes did not end "
-              f"within {result.get('eval_length_mean', 0):,.0f} steps and were cut there (set eval_max_steps)",
+              "and were cut at the step limit (the env's time limit, else 10,000; --set eval_max_steps=N)",
               file=sys.stderr)
     print(f"hetrl: saved {out}/result.json and {out}/checkpoint.pt", file=sys.stderr)
 
