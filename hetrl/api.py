@@ -216,9 +216,11 @@ class Run:
             return
         from hetrl.planner.profile import calibrate
 
-        p = plan["plan"]
-        entry = calibrate(path, p["learner_device"], self.cfg.batch_size, p["threads"], c.gradient_steps / c.phases,
-                          c.learner_s, c.gradient_steps, run=str(self.out or ""))
+        # against the profile at the threads the learner mostly ran with: the governor gives up threads to
+        # other processes' load (an actor process, a neighbour's job), which is not this machine's speed
+        threads, learner_s, steps = self.schedule.core.governor.mostly()
+        entry = calibrate(path, plan["plan"]["learner_device"], self.cfg.batch_size, threads,
+                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""))
         if entry is not None:
             self.result["calibration"] = entry
             self.plan_info["calibration"] = entry

@@ -38,7 +38,26 @@ def test_the_learner_drops_to_one_thread_while_other_work_runs_and_returns_after
         assert g.tick() == 1                    # one calm reading is not enough
         r.advance(1.0, ours=1.0, others=0.0)
         assert g.tick() == 2 and torch.get_num_threads() == 2   # it left: back to the plan
-        assert g.figures() == {"learner_threads_planned": 2, "learner_threads_min": 1, "learner_thread_changes": 2}
+        assert g.figures() == {"learner_threads_planned": 2, "learner_threads_min": 1, "learner_thread_changes": 2,
+                               "learner_threads_mostly": 2}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_learner_time_is_kept_per_thread_count_for_the_calibration():
+    before = torch.get_num_threads()
+    r = Readings()
+    g = ThreadGovernor(planned=2, interval_s=1.0, cores=2, read=r)
+    try:
+        assert g.mostly() == (2, 0.0, 0)         # nothing learned yet: the plan's count
+        g.record(0.5, 10)                         # 2 threads
+        r.advance(1.1, ours=1.0, others=1.0)
+        assert g.tick() == 1                      # a neighbour took a core for the rest of the run
+        for _ in range(3):
+            g.record(0.8, 10)
+        assert g.spent == {2: [0.5, 10], 1: [pytest.approx(2.4), 30]}
+        # the run's learner time is compared with the profile at the count it mostly ran with
+        assert g.mostly() == (1, pytest.approx(2.4), 30) and g.figures()["learner_threads_mostly"] == 1
     finally:
         torch.set_num_threads(before)
 

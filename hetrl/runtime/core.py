@@ -246,7 +246,9 @@ class LearnerCore:
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
-        c.learner_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        c.learner_s += dt
+        self.governor.record(dt, weights.shape[0])
         c.gradient_steps += weights.shape[0]
         c.phases += 1
         if c.gradient_steps - self._published_at >= self.publish_every:

@@ -51,6 +51,20 @@ class ThreadGovernor:
         self.min_threads = planned
         self._last = self.read() if planned > 1 else None
         self._calm = 0
+        self.spent: dict[int, list] = {}   # threads -> [learner seconds, gradient steps] at that count
+
+    def record(self, seconds: float, steps: int) -> None:
+        """A learner call of `steps` gradient steps took `seconds` at the current thread count."""
+        acc = self.spent.setdefault(self.threads, [0.0, 0])
+        acc[0] += seconds
+        acc[1] += steps
+
+    def mostly(self) -> tuple[int, float, int]:
+        """(threads, learner seconds, gradient steps) of the thread count the learner spent most time at."""
+        if not self.spent:
+            return self.planned, 0.0, 0
+        n = max(self.spent, key=lambda t: self.spent[t][0])
+        return n, self.spent[n][0], self.spent[n][1]
 
     @property
     def active(self) -> bool:
@@ -81,4 +95,4 @@ class ThreadGovernor:
 
     def figures(self) -> dict:
         return {"learner_threads_planned": self.planned, "learner_threads_min": self.min_threads,
-                "learner_thread_changes": self.changes}
+                "learner_thread_changes": self.changes, "learner_threads_mostly": self.mostly()[0]}
