@@ -225,6 +225,9 @@ def test_killed_actor_is_replaced_and_the_run_finishes(local, capfd):
             if victim is None and s.c.env_steps >= 600:
                 victim = s.actor_pids()[0]
                 os.kill(victim, signal.SIGKILL)
+                deadline = time.monotonic() + 10  # dead before the next phase, so the run cannot end first
+                while victim in s.actor_pids() and time.monotonic() < deadline:
+                    time.sleep(0.01)
         assert s.c.restarts == 1 and s.figures()["actor_restarts"] == 1
         assert s.c.env_steps == 2400
         assert s.c.gradient_steps == (2400 - 200) // 10
