@@ -195,9 +195,34 @@ def test_pixel_observations_get_the_nature_cnn_scaled_inside(dueling):
     out = q(x)
     assert out.shape == (3, 6) and out.dtype == torch.float32
     feats = q.features.linear(q.features.cnn(x.float() / 255.0))   # [0, 1] inputs inside the network
-    assert torch.allclose(q.features(x), feats)
+    assert torch.allclose(q.features(x), feats, rtol=1e-4, atol=1e-5)  # (NHWC on a CPU: rounding only)
     assert torch.allclose(q(x.float()), out)                       # float pixels in [0, 255]: the same
     assert q(x[None]).shape == (1, 3, 6)                           # any leading axes (K, B, ...)
+
+
+@pytest.mark.parametrize("shape", [(4, 84, 84), (96, 96, 3)])
+def test_the_cpu_channels_last_layout_computes_the_nchw_math(shape):
+    """On a CPU the CNN runs on NHWC activations (faster there); outputs and gradients equal the
+    NCHW computation of the same weights (stacked frames channels first, RGB channels last)."""
+    import torch
+
+    from hetrl.algos.nets import NatureCNN
+
+    torch.manual_seed(0)
+    cnn = NatureCNN(shape)
+    x = torch.randint(0, 256, (2, 5, *shape), dtype=torch.uint8)   # leading axes (K, B)
+    out, grads = {}, {}
+    for name, fmt in (("nchw", torch.contiguous_format), ("nhwc", torch.channels_last)):
+        cnn.cpu_layout = fmt
+        cnn.zero_grad()
+        y = cnn(x)
+        (y * torch.linspace(-1, 1, y.shape[-1])).sum().backward()
+        out[name], grads[name] = y.detach(), [p.grad.clone() for p in cnn.parameters()]
+    assert out["nhwc"].shape == (2, 5, 512)
+    assert torch.allclose(out["nhwc"], out["nchw"], rtol=1e-4, atol=1e-5)
+    for a, b in zip(grads["nhwc"], grads["nchw"]):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert all(p.is_contiguous() for p in cnn.parameters())   # the weights keep torch's layout
 
 
 def test_pixel_replay_stays_uint8_and_vector_replay_float32():

@@ -48,12 +48,19 @@ class NatureCNN(nn.Module):
         self.linear = nn.Sequential(nn.Linear(n, features), nn.ReLU())
         self.out_dim = features
 
+    # On a CPU the convolutions (oneDNN) run on channels-last (NHWC) activations: the update of the Nature
+    # CNN at batch 32 takes ~10% less time (the first layer's weight gradient ~2.6x less) than on NCHW,
+    # measured on this project's 2-core x86 CPU (docs/atari.md). The math and the weights are the same:
+    # only the memory layout of the input differs (tests/test_atari.py). GPUs keep torch's default.
+    cpu_layout = torch.channels_last
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0   # float only inside the network
-        if self.channels_last:
-            x = x.movedim(-1, -3)
+        x = obs.movedim(-1, -3) if self.channels_last else obs
         lead = x.shape[:-3]
-        x = self.cnn(x.reshape(-1, *x.shape[-3:]))
+        x = x.reshape(-1, *x.shape[-3:])
+        if x.device.type == "cpu":  # the layout change on the uint8 pixels, before they become floats
+            x = x.contiguous(memory_format=self.cpu_layout)
+        x = self.cnn(x.float() / 255.0)   # float only inside the network
         return self.linear(x).reshape(*lead, self.out_dim)
 
 
