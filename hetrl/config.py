@@ -175,6 +175,7 @@ def preset_for(algo: str, env: str) -> dict[str, Any]:
 def _coerce(key: str, value: Any) -> Any:
     """Convert a YAML/CLI value to the type of Config.<key>; UsageError when impossible."""
     hint = typing.get_type_hints(Config)[key]
+    given = value
     try:
         if isinstance(value, str):
             if hint is bool:
@@ -186,8 +187,9 @@ def _coerce(key: str, value: Any) -> Any:
                 raise ValueError
             if hint in (int, float):
                 value = float(value) if any(c in value.lower() for c in ".en") else int(value.replace("_", ""))
-            elif hint == list[int]:
-                value = yaml.safe_load(value)
+            elif hint == list[int]:  # [256,256], or 256,256 as SB3 users write net_arch
+                text = value.strip()
+                value = yaml.safe_load(f"[{text}]" if "," in text and not text.startswith("[") else text)
         if hint is bool and isinstance(value, bool):
             return value
         if hint is int and isinstance(value, int) and not isinstance(value, bool):
@@ -209,7 +211,7 @@ def _coerce(key: str, value: Any) -> Any:
     except (ValueError, yaml.YAMLError):
         want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
                 list[int]: "a list of positive integers like [256,256]"}[hint]
-        raise UsageError(f"setting {key}={value!r} is not {want}; fix the value "
+        raise UsageError(f"setting {key}={given!r} is not {want}; fix the value "
                          f"(e.g. --set {key}={_example(key)})") from None
 
 

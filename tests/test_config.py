@@ -22,12 +22,16 @@ def test_module_prefixed_id_uses_the_env_preset():
 def test_set_values_are_typed():
     c = make_config("dqn", "CartPole-v1", parse_sets(["lr=0.01", "net_arch=[64,64]", "double=true", "steps=1e3"]))
     assert c.lr == 0.01 and c.net_arch == [64, 64] and c.double is True and c.steps == 1000
+    for text in ("64,64", "64, 64", "[64, 64]"):   # SB3 users write net_arch without brackets too
+        assert make_config("dqn", "CartPole-v1", parse_sets([f"net_arch={text}"])).net_arch == [64, 64]
+    assert make_config("dqn", "CartPole-v1", parse_sets(["net_arch=128"])).net_arch == [128]
 
 
 @pytest.mark.parametrize("over,words", [
     ({"lr": "fast"}, "lr"), ({"lrr": 1}, "did you mean 'lr'"), ({"double": "maybe"}, "double"),
     ({"batch_size": 10**6}, "larger than buffer_size"), ({"buffer_size": 0}, "positive"),
     ({"num_envs": -1}, "positive"), ({"gamma": 1.5}, "gamma"), ({"net_arch": "[0]"}, "net_arch"),
+    ({"net_arch": "64,x"}, "net_arch"),
     ({"device": "tpu"}, "device"), ({"steps": "1.5"}, "steps"),
 ])
 def test_bad_settings_name_the_problem(over, words):
