@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
+import time
 
 import pytest
 import torch
@@ -56,7 +58,7 @@ def _read(store, q):
     q.put(store.latest(-1)[0]["w"].tolist())
 
 
-def test_shared_store_is_read_by_another_process_and_drops_torn_reads():
+def test_shared_store_is_read_by_another_process_and_waits_out_a_publication_in_progress():
     store = SharedParameterStore(EXAMPLE)
     store.publish(state(3.0))
     ctx = mp.get_context("spawn")
@@ -65,10 +67,21 @@ def test_shared_store_is_read_by_another_process_and_drops_torn_reads():
     p.start()
     assert q.get(timeout=60) == [3.0, 3.0, 3.0]
     p.join()
-    store.block["header"][0] += 1                        # a writer mid-way: odd sequence number
-    assert store.latest(-1) is None
-    store.block["header"][0] += 1
-    assert store.latest(-1)[1] == 0
+    # a writer mid-way (odd sequence number): the reader neither returns the torn weights nor gives up
+    # (an actor acting on older weights than the last publication would break the policy-lag bound)
+    h = store.block["header"]
+    h[0] += 1
+    store._shared["w"].fill_(7.0)
+
+    def finish():
+        time.sleep(0.05)
+        h[1] += 1
+        h[0] += 1
+    writer = threading.Thread(target=finish)
+    writer.start()
+    got, version = store.latest(0)
+    writer.join()
+    assert version == 1 and got["w"].tolist() == [7.0, 7.0, 7.0]
 
 
 @pytest.mark.ray

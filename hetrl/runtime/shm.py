@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import time
 from typing import Mapping
 
 import numpy as np
@@ -142,15 +143,20 @@ class SharedParameterStore:
         return version
 
     def latest(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
-        """The newest weights if newer than `have` and read without tearing, else None.
-        The returned tensors are this reader's buffer: load them before the next read."""
+        """The newest weights if newer than `have` (None when not), read without tearing: a read the
+        writer came by is dropped and read again, so the caller never acts on weights older than the
+        last publication before the call (the policy-lag bound counts on it). The returned tensors are
+        this reader's buffer: load them before the next read."""
         h = self.block["header"]
-        s1 = int(h[0])
-        version = int(h[1])
-        if s1 & 1 or version <= have:
-            return None
-        for k in self.names:
-            self._local[k].copy_(self._shared[k])
-        if int(h[0]) != s1:                         # the writer came by: drop the torn copy
-            return None
-        return self._local, version
+        while True:
+            s1 = int(h[0])
+            version = int(h[1])
+            if s1 & 1:                              # the writer is in the middle of a publication
+                time.sleep(0)
+                continue
+            if version <= have:
+                return None
+            for k in self.names:
+                self._local[k].copy_(self._shared[k])
+            if int(h[0]) == s1:
+                return self._local, version
