@@ -17,9 +17,8 @@ import hetrl
 from hetrl.api import Run
 from hetrl.config import make_config
 from hetrl.errors import HetrlError, UsageError
-from hetrl.replay import ReplayBuffer
+from hetrl.replay import BatchGroups, ReplayBuffer
 from hetrl.runtime.layout import layout
-from hetrl.runtime.local import _Batches
 from hetrl.runtime.shm import SharedArrays
 
 
@@ -91,7 +90,7 @@ def test_batch_source_draws_what_replay_sample_draws(prioritized):
         r.insert(data)
         if prioritized:
             r.update_priorities(np.arange(80), np.linspace(0.1, 5, 80))
-    src = _Batches(b, spec, 8, 4, preallocate=True)
+    src = BatchGroups(b, spec, 8, 4, preallocate=True)
     for g in (4, 2, 4):
         batch, keys, w = a.sample(g * 8)
         stack, keys2, w2 = src.draw(g)
@@ -216,7 +215,7 @@ def test_a_checkpoint_resumes_under_another_schedule(tiny, tmp_path):
 
 def test_killed_actor_is_replaced_and_the_run_finishes(local, capfd):
     cfg = cfg_of({**local, "steps": 2400, "actors": 2, "envs_per_actor": 2})
-    run = Run(cfg, "CartPole-v1")
+    run = Run(cfg, slow_cartpole)   # 2 ms an env step: the actors cannot collect the whole run before the kill
     s = run.schedule
     victim = None
     try:
