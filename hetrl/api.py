@@ -350,6 +350,8 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     for key in ("fastpath", "compiled"):  # the CPU learner kernel the profile measured fastest (on the CPU)
         if key not in settings:
             new = dataclasses.replace(new, **{key: bool(getattr(result, key)) and p.learner_device == "cpu"})
+    if "prefetch" not in settings and p.schedule != "inline":   # where measured faster than drawing in line
+        new = dataclasses.replace(new, prefetch=result.prefetch)
     if "cuda_graph" not in settings:   # a GPU learner: the phase as one CUDA graph where measured faster
         new = dataclasses.replace(new, cuda_graph=result.cuda_graph and p.learner_device != "cpu")
     if cfg.env_backend == "auto":  # the env backend the profile measured faster here
@@ -364,7 +366,7 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()
-    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled", "cuda_graph", "env_backend")
+    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled", "cuda_graph", "env_backend", "prefetch")
                    if k in SYSTEM_KEYS and k not in settings]
     changed = {k: [before[k], after[k]] for k in after if after[k] != before[k] and k not in SYSTEM_KEYS}
     owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}

@@ -109,9 +109,12 @@ def cached(tmp_path, monkeypatch):
     """Put a synthetic profile where load_or_profile finds it (this machine, this run's grid)."""
     monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path))
 
-    def put(cfg, **kw):
+    def put(cfg, prefetch=None, **kw):
         machine = machine_info()
         t = synthetic_table(algo=cfg.algo, env=cfg.env, **kw)
+        if prefetch is not None:   # {"prioritized:1": chosen, ...}: the prefetch thread's measured verdicts
+            t.data["prefetch"] = {k: {"group": int(k.split(":")[1]), "serial_s": 5e-4, "prefetch_s": 4e-4 if on else 6e-4,
+                                      "chosen": on} for k, on in prefetch.items()}
         t.data.update(machine=machine, machine_id=machine_id(machine), grid=grid_for(cfg, False, machine["cores"]))
         t.data["key"]["network"] = network_key(cfg)
         t.save(cache_path(cfg, machine))
@@ -134,6 +137,20 @@ def test_auto_plan_lists_what_it_chose_and_what_the_preset_owns(cached):
     # a setting given by hand is the user's, not the planner's choice
     _, info = auto_plan(make_config("dqn", "CartPole-v1", {"schedule": "local"}), {"schedule": "local"}, quiet=True)
     assert "schedule" not in info["plan"]["chosen"]
+
+
+def test_auto_plan_turns_the_prefetch_thread_off_where_the_profile_measured_it_slower(cached):
+    from hetrl.api import auto_plan
+
+    cfg = make_config("dqn", "CartPole-v1", {"prioritized": True, "schedule": "local"})
+    cached(cfg, env_step_s=3e-3, learn_s={"cpu": 1e-3}, prefetch={"prioritized:1": False, "uniform:32": True})
+    new, info = auto_plan(cfg, {"schedule": "local"}, quiet=True)
+    assert new.prefetch is False and info["plan"]["chosen"]["prefetch"] is False
+    assert info["plan"]["profile"]["prefetch"]["chosen"] is False
+    pinned, info = auto_plan(cfg, {"schedule": "local", "prefetch": True}, quiet=True)   # the user's: kept
+    assert pinned.prefetch is True and "prefetch" not in info["plan"]["chosen"]
+    uniform = make_config("dqn", "CartPole-v1", {"schedule": "local"})   # the other loop's figure decides
+    assert auto_plan(uniform, {"schedule": "local"}, quiet=True)[0].prefetch is True
 
 
 def test_auto_plan_reports_opting_in(cached, capsys):

@@ -265,3 +265,29 @@ def test_pinning_a_part_where_it_was_not_profiled():
     t = synthetic_table(gpus=("G",))   # the sum tree is profiled on the CPU only
     with pytest.raises(UsageError, match="no replay manager measurements on cuda:0"):
         best(t, pins={"replay_device": "cuda:0"}, placement="all")
+
+
+def test_prefetch_is_priced_and_planned_as_the_profile_measured_it():
+    """Local schedule: the prefetch thread overlaps sampling with learning only where the profile measured
+    its learner loop faster with it; otherwise the model prices the draw in line and the plan turns it off."""
+    import dataclasses
+
+    from hetrl.planner.profile import prefetch_key
+
+    per = dataclasses.replace(WORK, prioritized=True)
+    plan_ = Plan("local", 1, 1, threads=1)
+    in_line = predict(plan_, synthetic_table(), dataclasses.replace(per, prefetch=False), cores=2)
+    unmeasured = predict(plan_, synthetic_table(), per, cores=2)           # no figure: the runtime's default, on
+    assert unmeasured.times["main_per_grad"] < in_line.times["main_per_grad"]
+    for pays in (False, True):
+        t = synthetic_table()
+        t.data["prefetch"] = {prefetch_key(True, 1): {"group": 1, "serial_s": 5e-4, "prefetch_s": 5.4e-4 if not pays
+                                                      else 4.6e-4, "chosen": pays}}
+        got = predict(plan_, t, per, cores=2)
+        want = unmeasured if pays else in_line
+        assert got.times["main_per_grad"] == pytest.approx(want.times["main_per_grad"])
+        r = search(t, per, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=2)
+        assert r.prefetch is pays and r.profile["prefetch"]["chosen"] is pays
+        assert search(t, dataclasses.replace(per, prefetch=False), pins={"schedule": "local"}, cores=2).prefetch is False
+    # the uniform loop's figure is another entry: a prioritized one does not decide it
+    assert t.prefetch_pays("cpu", False, 32) and not synthetic_table().prefetch("cpu", True, 1)

@@ -9,7 +9,7 @@ from hetrl.planner import plan
 from hetrl.planner.measure import measure
 from hetrl.planner.power import (RaplReader, cpu_power, device_power, estimate_cpu_power, estimate_gpu_power,
                                  gpu_power)
-from hetrl.planner.profile import cache_dir, cache_path, load_or_profile
+from hetrl.planner.profile import PREFETCH_MARGIN, cache_dir, cache_path, load_or_profile
 
 TINY = dict(net_arch=[32, 32], batch_size=32, buffer_size=2000, train_freq=16, gradient_steps=8, num_envs=2)
 
@@ -39,11 +39,16 @@ def test_profile_writes_rereads_and_refreshes_its_cache(cache):
     path = cache_path(cfg)
     assert path.exists() and path.parent == cache and not t1.from_cache
     doc = json.loads(path.read_text())
-    assert doc["format"] == "hetrl-profile/9" and "chosen" in doc["fastpath"] and doc["machine"]["cores"] >= 1
+    assert doc["format"] == "hetrl-profile/10" and "chosen" in doc["fastpath"] and doc["machine"]["cores"] >= 1
     for section in ("env", "act", "infer", "learn", "ds_insert", "ds_gather", "rm_sample", "rm_update",
                     "transfer", "power"):
         assert doc[section], section
     assert set(doc["env"]) == {"1", "2"}
+    # the local schedule's learner loop, with and without its prefetch thread, for both kinds of replay
+    assert set(doc["prefetch"]) == set(doc["grid"]["prefetch"]) == {"uniform:8", "prioritized:1"}  # TINY: 8 steps a phase
+    for name, p in doc["prefetch"].items():
+        assert p["serial_s"] > 0 and p["prefetch_s"] > 0
+        assert p["chosen"] == (p["prefetch_s"] < (1 - PREFETCH_MARGIN) * p["serial_s"])
     entry = doc["learn"]["cpu"]["1"]["32"]
     assert entry["s"] > 0 and "spread" in entry and "stable" in entry
     assert doc["power"]["cpu"]["source"] in ("rapl", "estimated")

@@ -23,6 +23,15 @@ def _busy(pred: Prediction, cores: float) -> str:
     return ", ".join(parts)
 
 
+def _prefetch(measured: dict, on: bool) -> str:
+    """The local schedule's draw of the next group: in a prefetch thread or in line, and the measurement."""
+    what = "next group drawn by a prefetch thread during the update" if on else "next group drawn in line"
+    if "serial_s" not in measured:
+        return what
+    return (f"{what} (measured us per group of {measured['group']}: in line {measured['serial_s'] * 1e6:,.0f}, "
+            f"prefetched {measured['prefetch_s'] * 1e6:,.0f})")
+
+
 def _kernel(k: dict) -> str:
     """The CPU learner's kernel and why: each measured one's time per update (profile)."""
     names = {"public": "public torch path", "fast": "hand-derived fast path", "compiled": "compiled phase (numba)"}
@@ -72,7 +81,8 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
               + (f"; {_kernel(prof.get('fastpath') or {})}" if p.learner_device == "cpu" else
                  f"; {_graph((prof.get('cuda_graph') or {}).get(p.learner_device) or {})}"))
     t.add_row("data storage", p.storage_device)
-    t.add_row("replay manager", p.replay_device)
+    t.add_row("replay manager", p.replay_device + (f"; {_prefetch(prof.get('prefetch') or {}, result.prefetch)}"
+                                                   if p.schedule != "inline" else ""))
     t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items())
               + ("" if p.runnable else "  (not runnable: see the note)"))
     con.print(t)

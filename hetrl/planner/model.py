@@ -21,7 +21,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     u  = p [x(L->RM, 4B) + rm_update(RM, B)]
     y  = param_sync(L) / (gradient steps per publish)
     g  = s + l + u + y               main process, wall time per gradient step
-       = max(s, l) + u + y           local with prefetch: sampling overlaps learning (PEARL's max)
+       = max(s, l) + u + y           local with prefetch: sampling overlaps learning (PEARL's max),
+                                     where the profile measured the prefetch thread faster than the
+                                     draw in line for a learner on L (else the plan turns it off)
     gc = s + t l + u + y             main process, core-seconds per gradient step
     m  = i + rr g,   mc = i + rr gc  per env step
 
@@ -142,7 +144,7 @@ class Workload:
     grads_per_phase: int = 1
     publish_interval: int = 1
     overlap: bool = True             # local: actors act while the learner learns
-    prefetch: bool = True            # local: a thread samples the next group during the update
+    prefetch: bool = True            # local: a thread may sample the next group during the update (where it pays)
     insert_chunk: int = 0            # local: env steps per insert message (0 = auto)
     batched_insert: bool = True
     num_envs: int = 0                # envs in all, owned by the preset (0: the planner may choose them)
@@ -190,7 +192,8 @@ def _chunk(plan: Plan, work: Workload) -> int:
     return chunk_size(work.train_freq, N, w, work.batched_insert, work.insert_chunk)
 
 
-def _group(plan: Plan, work: Workload) -> int:
+def learner_group(plan: Plan, work: Workload) -> int:
+    """Gradient steps per learner call under the plan (as the schedules group them)."""
     if plan.schedule == "inline":
         return 1 if work.prioritized else work.grads_per_phase
     return group_size(work.grads_per_phase, work.prioritized)
@@ -227,7 +230,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     n = _chunk(plan, work)
     i_ds = T.op("ds_insert", DS, n) + T.xfer("cpu", DS, n * b)
     i = (i_ds + p * T.op("rm_insert", RM, n) + (0.0 if inline else T.ipc(IPC_MESSAGE_BYTES))) / n
-    kg = _group(plan, work)
+    kg = learner_group(plan, work)
     keys = T.op("rm_sample" if work.prioritized else "rm_uniform", RM, kg * B)
     x_keys = T.xfer(RM, DS, KEY_BYTES * kg * B)
     gather = T.op("ds_gather", DS, kg * B)
@@ -237,7 +240,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1
-    prefetch = not inline and work.prefetch
+    prefetch = not inline and work.prefetch and T.prefetch_pays(L, work.prioritized, kg)
     g = (max(s, l) if prefetch else s + l) + u + y
     gc = s + t_learn * l + u + y
     m, mc = i + rr * g, i + rr * gc

@@ -18,6 +18,8 @@ repeated until stable, with its spread), for the run's algorithm, env and networ
 ``rm_uniform``     replay manager: uniform sample of n keys
 ``rm_update``      replay manager: ``ReplayBuffer.update_priorities`` of n keys
 ``param_sync``     publish the learner's weights + load them into an actor policy
+``prefetch``       the local schedule's learner loop per group of gradient steps (CPU learner, 1 thread):
+                   the next group drawn by a prefetch thread during the update vs drawn in line
 ``transfer``       latency and bandwidth per ordered device pair ("cpu->cpu": in-memory copy;
                    "cpu->cuda:0" pageable and pinned, "cuda:0->cpu", ...), and "ipc": a pipe
                    between two processes
@@ -54,10 +56,11 @@ from typing import Any, Callable
 
 from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
-from hetrl.runtime.layout import grads_per_phase  # the runtime's: gradient steps per training phase
+from hetrl.runtime.layout import grads_per_phase, group_size  # the runtime's phase and group sizes
 
-FORMAT = "hetrl-profile/9"
+FORMAT = "hetrl-profile/10"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
+PREFETCH_MARGIN = 0.02   # the prefetch thread is chosen where its learner loop measured >= 2% faster
 QUICK_WIDTHS = (1, 2)
 
 
@@ -148,8 +151,16 @@ def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
     inserts = sorted({1, 16, 256} | ({cfg.train_freq} if cfg.train_freq <= 4096 else set()))
     if quick:
         inserts = sorted({16, min(cfg.train_freq, 256)})
+    # the local schedule's learner loops whose prefetch thread is timed: uniform replay's group, and
+    # prioritized replay (one batch per call)
+    prefetch = [prefetch_key(False, group_size(g, False)), prefetch_key(True, group_size(g, True))]
     return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
-            "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups}
+            "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups, "prefetch": prefetch}
+
+
+def prefetch_key(prioritized: bool, group: int) -> str:
+    """The profile's name of a learner loop whose prefetch thread is timed: 'uniform:32', 'prioritized:1'."""
+    return f"{'prioritized' if prioritized else 'uniform'}:{group}"
 
 
 def _covers(have: dict, need: dict) -> bool:
@@ -249,6 +260,16 @@ class ProfileTable:
         ts = self.learner_threads(device)
         t = max([x for x in ts if x <= threads] or [ts[0]])
         return _interp(self._pts("learn", device, str(t)), batch)
+
+    def prefetch(self, device: str, prioritized: bool, group: int) -> dict:
+        """The timing of the local schedule's learner loop with and without its prefetch thread, for a
+        learner on `device` drawing groups of `group` batches ({} where not measured: GPU learners)."""
+        return (self.data.get("prefetch") or {}).get(prefetch_key(prioritized, group), {}) if device == "cpu" else {}
+
+    def prefetch_pays(self, device: str, prioritized: bool, group: int) -> bool:
+        """Whether the prefetch thread measured faster than the draw in line (where not measured: yes,
+        the runtime's default)."""
+        return bool(self.prefetch(device, prioritized, group).get("chosen", True))
 
     def calibration(self, device: str) -> dict | None:
         """The last run's correction of the learner's profiled time on `device` (see calibrate())."""
@@ -508,6 +529,55 @@ def learn_timing(algo, batch: dict, wts, dev: str, steps: int = 1, *, cap_s: flo
     return Timing(one["s"] * r.s, r.spread, r.rounds, r.calls, r.stable)
 
 
+def prefetch_timing(algo, replay, groups, group: int, *, cap_s: float, rounds: int = 6) -> dict:
+    """Wall seconds per group of gradient steps of the local schedule's learner loop (runtime/local.py):
+    draw the group, learn on it, write its priorities (prioritized replay) -- with the draw in line, and
+    with a prefetch thread drawing the next group while the learner learns this one (the priorities are
+    written once the prefetch is done with the replay, as the schedule does). The two loops alternate
+    `rounds` times on one thread of torch; the figures are the medians. Chosen: the thread where it
+    measured faster by more than PREFETCH_MARGIN (a thread that gains nothing measurable stays off: in the
+    run it shares the cores with the actors, which the isolated timing does not see)."""
+    import statistics
+    from concurrent.futures import ThreadPoolExecutor
+
+    def learn(item) -> None:
+        batch, keys, weights = item
+        td = algo.learn(batch, weights)
+        if replay.prioritized:
+            replay.update_priorities(keys, td.reshape(-1))
+
+    def in_line(n: int) -> None:
+        for _ in range(n):
+            learn(groups.draw(group))
+
+    def prefetched(n: int) -> None:
+        ready = groups.draw(group)
+        for _ in range(n):
+            pending = pool.submit(groups.draw, group)
+            batch, keys, weights = ready
+            td = algo.learn(batch, weights)
+            ready = pending.result()
+            if replay.prioritized:
+                replay.update_priorities(keys, td.reshape(-1))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") as pool:
+        in_line(2)
+        prefetched(2)
+        t = time.perf_counter()
+        in_line(1)
+        n = max(3, int(cap_s / (2 * rounds) / max(time.perf_counter() - t, 1e-6)))
+        got: dict[str, list[float]] = {"serial_s": [], "prefetch_s": []}
+        for r in range(rounds):
+            for name, loop in (("serial_s", in_line), ("prefetch_s", prefetched))[:: 1 if r % 2 == 0 else -1]:
+                t = time.perf_counter()
+                loop(n)
+                got[name].append((time.perf_counter() - t) / n)
+    out = {name: statistics.median(v) for name, v in got.items()}
+    return {"group": group, **out, "chosen": out["prefetch_s"] < (1 - PREFETCH_MARGIN) * out["serial_s"],
+            "groups_per_round": n,
+            "rounds": rounds}
+
+
 def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
                 cap_s: float = 2.0, tol: float = 0.05, progress: Callable[[str], None] | None = None,
                 measure_power: bool = True, ipc: bool = True) -> ProfileTable:
@@ -521,7 +591,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     from hetrl.actors.envs import envpool_supports, make_vector_env, prepare_env
     from hetrl.algos import graphed, make_algorithm, replay_spec
     from hetrl.planner.power import device_power
-    from hetrl.replay import ReplayBuffer
+    from hetrl.replay import BatchGroups, ReplayBuffer
     from hetrl.replay.frames import frames_apply
     from hetrl.replay.sampler import UniformSampler
     from hetrl.runtime.params import InProcessParameterStore
@@ -546,7 +616,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
     n_gpu = sum(d != "cpu" for d in devices)
     count = (2 * len(W) + len(W) * len(devices) + len(Bs) * (len(T) + n_gpu) + len(devices) * 2
-             + len(devices) * (len(I) + len(S)) + (3 * len(S) + len(I)) + 2 * (1 + 3 * n_gpu) + 2)
+             + len(devices) * (len(I) + len(S)) + (3 * len(S) + len(I)) + 2 * (1 + 3 * n_gpu) + 2
+             + 2 * len(grid.get("prefetch", [])))
     budget = _Budget(budget_s, count, cap_s)
     old_threads = torch.get_num_threads()
     old_denormal = torch.set_flush_denormal(True)
@@ -741,6 +812,18 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 data["ds_gather"][dev][str(n)] = measure(lambda: rb.storage.get(keys), cap_s=budget.cap(),
                                                          sync=sync_of(dev), **kw_of(dev)).to_json()
             del rb
+        # -- the local schedule's learner loop with the next group drawn by a prefetch thread during the
+        # update, against drawing it in line: the thread pays only where the draw outlasts its handoff
+        data["prefetch"] = {}
+        for name in (grid.get("prefetch", []) if "cpu" in devices else []):
+            say(f"prefetch thread vs the draw in line, {name} batches per learner call")
+            kind, K = name.split(":")
+            rb = ReplayBuffer(capacity, spec, "cpu", prioritized=kind == "prioritized", seed=0, frames=frames)
+            for s in range(0, capacity, 65536):
+                rb.insert(host_batch(min(65536, capacity - s)))
+            groups = BatchGroups(rb, spec, cfg.batch_size, int(K), preallocate=True)
+            data["prefetch"][name] = prefetch_timing(algo_cpu, rb, groups, int(K), cap_s=budget.cap() + budget.cap())
+            del rb, groups
         rbp = ReplayBuffer(capacity, {"reward": ((), "float32")}, "cpu", prioritized=True, seed=0)
         rbp.storage.size = capacity
         rbp.tree.update(np.arange(capacity), rng.random(capacity) + 0.01)

@@ -28,7 +28,8 @@ from typing import Any, Iterable
 
 from hetrl.config import MAX_LOCAL_ACTORS
 from hetrl.errors import UsageError
-from hetrl.planner.model import SCHEDULES, Plan, Prediction, Workload, bottleneck_words, predict, runnable_reason
+from hetrl.planner.model import (SCHEDULES, Plan, Prediction, Workload, bottleneck_words, learner_group, predict,
+                                  runnable_reason)
 from hetrl.planner.profile import ProfileTable
 
 OBJECTIVES = ("throughput", "efficiency")
@@ -295,6 +296,13 @@ class PlanResult:
         return bool(self.profile.get("cuda_graph", {}).get(self.plan.learner_device, {}).get("chosen", False))
 
     @property
+    def prefetch(self) -> bool:
+        """Whether the plan's learner loop draws the next group in a prefetch thread: allowed by the
+        settings and measured faster than the draw in line for its learner device (profile)."""
+        return bool(self.workload.prefetch) and self.plan.schedule != "inline" and \
+            bool(self.profile.get("prefetch", {}).get("chosen", True))
+
+    @property
     def env_backend(self) -> str:
         """The env backend the profile measured (and chose, for env_backend=auto): gymnasium or envpool."""
         return self.profile.get("env_backend", {}).get("chosen", "gymnasium")
@@ -390,6 +398,7 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                        "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {}),
                        "env_backend": table.data.get("env_backend", {}),
                        "cuda_graph": table.data.get("cuda_graph", {}),
+                       "prefetch": table.prefetch(best.plan.learner_device, work.prioritized, learner_group(best.plan, work)),
                        # the learner figure the prediction used: profiled x the last run's factor
                        "learner_calibration": table.calibration(best.plan.learner_device)},
                       table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)

@@ -227,3 +227,23 @@ class ReplayBuffer:
     def __repr__(self) -> str:
         kind = f"prioritized(alpha={self.alpha}, beta={self.beta})" if self.prioritized else "uniform"
         return f"ReplayBuffer({len(self)}/{self.capacity}, {kind}, device={self.device})"
+
+
+class BatchGroups:
+    """Draws a group of g batches for one `learn` call: ({field: (g, B, ...)}, keys, weights (g, B)),
+    through the replay buffer's sampler (the local schedule's draws; the planner times them too). With
+    `preallocate`, rows are gathered into two fixed buffers used in turn (one is being learned on while
+    the other is filled): no allocation per group."""
+
+    def __init__(self, replay: ReplayBuffer, spec: dict, batch_size: int, group: int, preallocate: bool):
+        self.replay, self.B = replay, batch_size
+        n = group * batch_size
+        self.bufs = [{k: np.empty((n, *s), np.dtype(d)) for k, (s, d) in spec.items()} for _ in range(2)] \
+            if preallocate else [None, None]
+        self.flip = 0
+
+    def draw(self, g: int):
+        B = self.B
+        out, self.flip = self.bufs[self.flip], self.flip ^ 1
+        batch, keys, weights = self.replay.sample(g * B, out=out)
+        return {k: v.view(g, B, *v.shape[1:]) for k, v in batch.items()}, keys, weights.view(g, B)

@@ -35,7 +35,7 @@ import numpy as np
 from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
-from hetrl.replay import RatioRule, ReplayBuffer
+from hetrl.replay import BatchGroups, RatioRule, ReplayBuffer
 from hetrl.runtime.core import LearnerCore, Restarts, Schedule
 from hetrl.runtime.layout import layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
@@ -149,7 +149,7 @@ class LocalSchedule(Schedule):
         self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
                          for _ in range(lay.actors)]
         self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
-        self._batches = _Batches(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.preallocate and on_cpu)
+        self._batches = BatchGroups(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.preallocate and on_cpu)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.prefetch else None
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
@@ -468,22 +468,3 @@ def _main_not_reimported(env):
         yield
     finally:
         main.__file__ = path
-
-
-class _Batches:
-    """Draws a group of g batches: ({field: (g, B, ...)}, keys, weights (g, B)), through the replay
-    buffer's sampler. With `preallocate`, rows are gathered into two fixed buffers used in turn (one is
-    being learned on while the other is filled): no allocation per group."""
-
-    def __init__(self, replay: ReplayBuffer, spec: dict, batch_size: int, group: int, preallocate: bool):
-        self.replay, self.B = replay, batch_size
-        n = group * batch_size
-        self.bufs = [{k: np.empty((n, *s), np.dtype(d)) for k, (s, d) in spec.items()} for _ in range(2)] \
-            if preallocate else [None, None]
-        self.flip = 0
-
-    def draw(self, g: int):
-        B = self.B
-        out, self.flip = self.bufs[self.flip], self.flip ^ 1
-        batch, keys, weights = self.replay.sample(g * B, out=out)
-        return {k: v.view(g, B, *v.shape[1:]) for k, v in batch.items()}, keys, weights.view(g, B)
