@@ -48,9 +48,9 @@ class NatureCNN(nn.Module):
         self.linear = nn.Sequential(nn.Linear(n, features), nn.ReLU())
         self.out_dim = features
 
-    # On a CPU the convolutions (oneDNN) run on channels-last (NHWC) activations: the update of the Nature
-    # CNN at batch 32 takes ~10% less time (the first layer's weight gradient ~2.6x less) than on NCHW,
-    # measured on this project's 2-core x86 CPU (docs/atari.md). The math and the weights are the same:
+    # On a CPU the convolutions (oneDNN) run on channels-last (NHWC) activations: a DQN update of the Nature
+    # CNN at batch 32 is 1.17-1.23x faster than on NCHW (the first layer's forward + backward 2.6x) on this
+    # project's 2-core x86 CPU (benchmarks/bench_cnn_layout.py, docs/atari.md). The math and the weights are the same:
     # only the memory layout of the input differs (tests/test_atari.py). GPUs keep torch's default.
     cpu_layout = torch.channels_last
 
