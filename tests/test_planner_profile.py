@@ -207,3 +207,22 @@ def test_a_profile_belongs_to_the_optional_packages_installed():
     other = {**m, "optional": {**m["optional"], "envpool": None if m["optional"]["envpool"] else "0.8.4"}}
     cfg = make_config("dqn", "CartPole-v1")
     assert cache_path(cfg, other) != cache_path(cfg, m)
+
+
+def test_the_profile_times_acting_with_the_learner_kernel_it_chose(monkeypatch):
+    """The actors and inference the profile times act as the run will: through the compiled forward
+    exactly when the compiled kernel won the learner's comparison (whichever wins on this machine)."""
+    import hetrl.actors
+
+    built = []
+
+    class Recording(hetrl.actors.ActorSpec):
+        def build(self):
+            built.append(self.policy)
+            return super().build()
+
+    monkeypatch.setattr(hetrl.actors, "ActorSpec", Recording)
+    t = run_profile(make_config("dqn", "CartPole-v1", TINY), devices=["cpu"], quick=True)
+    kernel = t.data["fastpath"]["kernel"]
+    assert built and kernel in ("public", "fast", "compiled")
+    assert all((p.fast is not None) == (kernel == "compiled") for p in built)
