@@ -9,8 +9,8 @@ fails, runs out of time or lacks its imports is recorded with the reason, and th
 
   a env      torch and CUDA versions, the GPU, CPU count, which packages import
   b tests    `pytest -m gpu -q` (the tests marked gpu): pass / fail / skip counts and the tail
-  c learner  updates/s of the learner alone: DQN CartPole-v1, DDPG / TD3 / SAC Pendulum-v1 at their
-             presets, timed as the planner profiles it (hetrl.planner.profile.learn_timing on
+  c learner  updates/s of the learner alone: DQN CartPole-v1, DDPG / TD3 / SAC Pendulum-v1 and the
+             CNN learner of DQN ALE/Breakout-v5 at their presets, timed as the planner profiles it (hetrl.planner.profile.learn_timing on
              synthetic_batch): CPU 1 thread, CUDA eager, CUDA with the update captured in a CUDA
              graph (torch.cuda.graph on the existing algorithm object) and torch.compile
              (mode="reduce-overhead"); both checked against the eager update
@@ -35,6 +35,7 @@ See docs/gpu.md for the two device calls that run it all.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -56,7 +57,8 @@ SCHEMA = "hetrl-gpu-check/1"
 STAGES = [("a", "env", 30), ("b", "tests", 120), ("c", "learner", 240), ("d", "planner", 300),
           ("e", "sb3", 150), ("f", "sweep", 210)]
 BUDGETS_S = {name: s for _, name, s in STAGES}
-LEARNER_CASES = [("dqn", "CartPole-v1"), ("ddpg", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("sac", "Pendulum-v1")]
+LEARNER_CASES = [("dqn", "CartPole-v1"), ("ddpg", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("sac", "Pendulum-v1"),
+                 ("dqn", "ALE/Breakout-v5")]   # the Nature CNN learner on 4 x 84 x 84 frames (needs ale-py)
 PLAN_CASES = [("dqn", "CartPole-v1", 20_000, {}), ("ddpg", "Pendulum-v1", 5_000, {"learning_starts": 1000})]
 SB3_STEPS = 20_000
 SWEEP_ACTORS = (1, 2, 4, 8, 15)
@@ -254,8 +256,9 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
     import torch
 
     from hetrl.actors import probe_spaces
+    from hetrl.actors.envs import prepare_env
     from hetrl.algos import fastpath, make_algorithm, replay_spec
-    from hetrl.config import make_config
+    from hetrl.config import atari_id, make_config
     from hetrl.planner.profile import learn_timing, synthetic_batch
     from hetrl.runtime.layout import grads_per_phase, group_size
 
@@ -274,8 +277,11 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
     compile_queue = []
 
     for algo_name, env in LEARNER_CASES:
+        if atari_id(env) and importlib.util.find_spec("ale_py") is None:
+            rec["cases"][f"{algo_name} {env}"] = {"skipped": "ale-py is not installed", "variants": {}}
+            continue
         cfg = make_config(algo_name, env, {"fastpath": False})
-        obs_space, act_space = probe_spaces(env)
+        obs_space, act_space = probe_spaces(prepare_env(env, cfg))   # Atari: the preprocessed, stacked frames
         spec = replay_spec(obs_space, act_space)
         B = cfg.batch_size
         K = group_size(grads_per_phase(cfg), cfg.prioritized)   # local schedule's steps per learn call
@@ -302,6 +308,9 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
                 torch.manual_seed(1)
                 batch, wts = synthetic_batch(spec, act_space, B, k, dev)
                 algo = build(dev, fast)
+                if fast and getattr(algo, "fast", None) is None:   # e.g. a CNN: the public path, timed already
+                    V[name] = {"skipped": "the fast path declines this network"}
+                    return
                 t0 = time.perf_counter()
                 runner = wrap(algo, batch, wts) if wrap else algo
                 setup_s = time.perf_counter() - t0
@@ -827,7 +836,7 @@ def _sum_learner(r: dict) -> list[str]:
     out = [f"[learner] gradient steps/s of the learner alone ({'CUDA' if r.get('cuda') else 'no CUDA'}); "
            "k = steps per learn call; graph/compile: checked against eager"]
     for case, c in (r.get("cases") or {}).items():
-        parts = []
+        parts = [f"skipped: {c['skipped']}"] if c.get("skipped") else []
         for n, v in c.get("variants", {}).items():
             if v.get("updates_per_s"):
                 chk = v.get("check") or {}
