@@ -248,6 +248,19 @@ def _max_diff(a: list, b: list) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b)) if a else 0.0
 
 
+def atari_spaces(env: str, cfg):
+    """The spaces of an Atari id after hetrl's preprocessing (grayscale square frames, stacked), without
+    OpenCV, which the GPU machine lacks (its wheel is larger than what travels there): the learner is
+    timed on synthetic batches, so only the shapes and the action count matter."""
+    import ale_py
+    import gymnasium as gym
+    import numpy as np
+
+    gym.register_envs(ale_py)
+    n = cfg.atari_screen_size
+    return gym.spaces.Box(0, 255, (cfg.frame_stack, n, n), np.uint8), gym.make(env).action_space
+
+
 def stage_learner(ctx: dict, rec: Rec) -> None:
     require("gymnasium")
     import warnings
@@ -259,6 +272,7 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
     from hetrl.actors.envs import prepare_env
     from hetrl.algos import fastpath, make_algorithm, replay_spec
     from hetrl.config import atari_id, make_config
+    from hetrl.errors import UsageError
     from hetrl.planner.profile import learn_timing, synthetic_batch
     from hetrl.runtime.layout import grads_per_phase, group_size
 
@@ -281,7 +295,12 @@ def stage_learner(ctx: dict, rec: Rec) -> None:
             rec["cases"][f"{algo_name} {env}"] = {"skipped": "ale-py is not installed", "variants": {}}
             continue
         cfg = make_config(algo_name, env, {"fastpath": False})
-        obs_space, act_space = probe_spaces(prepare_env(env, cfg))   # Atari: the preprocessed, stacked frames
+        try:
+            obs_space, act_space = probe_spaces(prepare_env(env, cfg))   # Atari: the preprocessed, stacked frames
+        except UsageError:
+            if not atari_id(env):
+                raise
+            obs_space, act_space = atari_spaces(env, cfg)   # no OpenCV there: the shapes are all the learner needs
         spec = replay_spec(obs_space, act_space)
         B = cfg.batch_size
         K = group_size(grads_per_phase(cfg), cfg.prioritized)   # local schedule's steps per learn call

@@ -48,3 +48,17 @@ def test_merge_keeps_the_later_call_per_stage(tmp_path):
     merged = json.loads((tmp_path / "m" / "gpu_check.json").read_text())
     assert set(merged["stages"]) == {"env", "learner", "sweep"} and merged["stages"]["env"]["n"] == 2
     assert (tmp_path / "m" / "gpu_check.txt").exists()
+
+
+def test_the_cnn_case_gets_the_preprocessed_spaces_without_opencv():
+    """The GPU machine has no OpenCV: the learner stage takes an Atari id's spaces from the config, and
+    they are the ones hetrl's preprocessing gives."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from hetrl.actors import probe_spaces
+    from hetrl.actors.envs import prepare_env
+    from hetrl.config import make_config
+
+    for env, over in (("ALE/Breakout-v5", {}), ("ALE/Pong-v5", {"frame_stack": 2, "atari_screen_size": 64})):
+        cfg = make_config("dqn", env, over)
+        assert gpu_check.atari_spaces(env, cfg) == probe_spaces(prepare_env(env, cfg))
