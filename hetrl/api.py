@@ -366,7 +366,8 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     if cfg.schedule == "ray":
         new = dataclasses.replace(new, schedule="ray")
     before, after = cfg.to_dict(), new.to_dict()
-    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled", "cuda_graph", "env_backend", "prefetch")
+    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled", "cuda_graph", "env_backend",
+                               *(("prefetch",) if p.schedule != "inline" else ()))   # inline has no prefetch thread
                    if k in SYSTEM_KEYS and k not in settings]
     changed = {k: [before[k], after[k]] for k in after if after[k] != before[k] and k not in SYSTEM_KEYS}
     owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}
