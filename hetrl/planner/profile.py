@@ -574,8 +574,7 @@ def prefetch_timing(algo, replay, groups, group: int, *, cap_s: float, rounds: i
                 got[name].append((time.perf_counter() - t) / n)
     out = {name: statistics.median(v) for name, v in got.items()}
     return {"group": group, **out, "chosen": out["prefetch_s"] < (1 - PREFETCH_MARGIN) * out["serial_s"],
-            "groups_per_round": n,
-            "rounds": rounds}
+            "groups_per_round": n, "rounds": rounds}
 
 
 def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
