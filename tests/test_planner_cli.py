@@ -45,6 +45,18 @@ def test_profile_then_plan_json(capsys, cache):
     assert "learner update" in capsys.readouterr().out
 
 
+def test_plan_takes_system_settings_as_pins_as_train_does(capsys, cache):
+    """`hetrl plan --set schedule=local` shows the plan `hetrl train --set schedule=local` runs."""
+    for schedule in ("local", "inline"):
+        assert run(["plan", "dqn", "--env", "CartPole-v1", *SETS, "--set", f"schedule={schedule}", "--set",
+                    "threads=1", "--quick", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["plan"]["schedule"] == schedule and doc["pins"] == {"schedule": schedule, "threads": 1}
+    assert run(["plan", "dqn", "--env", "CartPole-v1", *SETS, "--set", "threads=1", "--pin", "threads=2", "--quick",
+                "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pins"]["threads"] == 2   # an explicit --pin wins
+
+
 @pytest.mark.parametrize("argv, words", [
     (["plan", "dqn"], "needs ALGO and --env"),
     (["plan", "dqn", "--env", "CartPole-v1", "--pin", "actors"], "not key=value"),

@@ -68,7 +68,11 @@ def cmd_plan(args) -> int:
     if more and "num_envs" in parse_sets(args.sets):   # a num_envs set by hand is kept
         print(f"hetrl plan: num_envs={cfg.num_envs} was set by hand: kept (--allow-more-envs ignored)", file=sys.stderr)
         more = False
-    result = plan(cfg, objective=args.objective, pins=args.pins, cores=cores,
+    # the system settings given with --set are pins, as `hetrl train` takes them; an explicit --pin wins
+    from hetrl.planner.search import parse_pins, pins_from_settings
+
+    pins = {**pins_from_settings(parse_sets(args.sets)), **parse_pins(args.pins)}
+    result = plan(cfg, objective=args.objective, pins=pins, cores=cores,
                   placement="all" if args.all_placements else "runnable", refresh=args.refresh,
                   quick=args.quick, progress=_progress(), top=args.top, allow_more_envs=more)
     if args.json:
@@ -102,7 +106,8 @@ def register(subparsers) -> None:
                    help="throughput: env steps/s at the preset's settings (replay ratio, envs); efficiency: env "
                         "steps per joule")
     q.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
-                   help="override a setting as for train (e.g. --set prioritized=true)")
+                   help="override a setting as for train (e.g. --set prioritized=true); system settings "
+                        "(schedule, actors, envs_per_actor, threads, device) pin the plan as they do for train")
     q.add_argument("--pin", dest="pins", action="append", metavar="KEY=VALUE", default=[],
                    help=f"fix a plan field and search the rest ({', '.join(PLAN_FIELDS)}, or device); the "
                         "preset's settings (batch_size, num_envs, ...) change with --set")
