@@ -148,11 +148,13 @@ class SharedParameterStore:
         last publication before the call (the policy-lag bound counts on it). The returned tensors are
         this reader's buffer: load them before the next read."""
         h = self.block["header"]
+        tries = 0
         while True:
             s1 = int(h[0])
             version = int(h[1])
-            if s1 & 1:                              # the writer is in the middle of a publication
-                time.sleep(0)
+            if s1 & 1:                              # the writer is in the middle of a publication (a copy of
+                tries += 1                          # the weights: microseconds); a stopped writer costs no CPU
+                time.sleep(0 if tries < 1000 else 1e-3)
                 continue
             if version <= have:
                 return None
