@@ -203,6 +203,13 @@ def _per_publish(plan: Plan, work: Workload) -> int:
     return max(1, work.grads_per_phase * work.publish_interval)
 
 
+def prefetches(plan: Plan, table: ProfileTable, work: Workload) -> bool:
+    """Whether the plan's learner loop draws its next group in a prefetch thread: the local schedule,
+    allowed by the settings, and measured faster than the draw in line (profile) for its learner."""
+    return plan.schedule != "inline" and work.prefetch and \
+        table.prefetch_pays(plan.learner_device, work.prioritized, learner_group(plan, work))
+
+
 def learner_shares_cores(plan: Plan, cores: float) -> bool:
     """A multi-threaded CPU learner whose threads and the actor processes outnumber the cores."""
     return (plan.schedule != "inline" and plan.learner_device == "cpu" and plan.threads > 1
@@ -240,7 +247,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1
-    prefetch = not inline and work.prefetch and T.prefetch_pays(L, work.prioritized, kg)
+    prefetch = prefetches(plan, T, work)
     g = (max(s, l) if prefetch else s + l) + u + y
     gc = s + t_learn * l + u + y
     m, mc = i + rr * g, i + rr * gc

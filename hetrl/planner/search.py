@@ -28,8 +28,8 @@ from typing import Any, Iterable
 
 from hetrl.config import MAX_LOCAL_ACTORS
 from hetrl.errors import UsageError
-from hetrl.planner.model import (SCHEDULES, Plan, Prediction, Workload, bottleneck_words, learner_group, predict,
-                                  runnable_reason)
+from hetrl.planner.model import (SCHEDULES, Plan, Prediction, Workload, bottleneck_words, learner_group,
+                                  predict, prefetches, runnable_reason)
 from hetrl.planner.profile import ProfileTable
 
 OBJECTIVES = ("throughput", "efficiency")
@@ -299,8 +299,7 @@ class PlanResult:
     def prefetch(self) -> bool:
         """Whether the plan's learner loop draws the next group in a prefetch thread: allowed by the
         settings and measured faster than the draw in line for its learner device (profile)."""
-        return bool(self.workload.prefetch) and self.plan.schedule != "inline" and \
-            bool(self.profile.get("prefetch", {}).get("chosen", True))
+        return bool(self.profile.get("prefetch", {}).get("on", False))
 
     @property
     def env_backend(self) -> str:
@@ -398,7 +397,9 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                        "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {}),
                        "env_backend": table.data.get("env_backend", {}),
                        "cuda_graph": table.data.get("cuda_graph", {}),
-                       "prefetch": table.prefetch(best.plan.learner_device, work.prioritized, learner_group(best.plan, work)),
+                       "prefetch": {**table.prefetch(best.plan.learner_device, work.prioritized,
+                                                     learner_group(best.plan, work)),
+                                    "on": prefetches(best.plan, table, work)},
                        # the learner figure the prediction used: profiled x the last run's factor
                        "learner_calibration": table.calibration(best.plan.learner_device)},
                       table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)
