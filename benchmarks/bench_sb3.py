@@ -10,7 +10,11 @@ rotates from round to round, so all see the same machine load. hetrl runs under 
 not counted) or `--plan none` (inline, the preset as is). A case is ALGO:ENV:STEPS[:key=value...]
 (settings for every library, e.g. a shorter learning_starts). Prints env steps/s of each over the
 training (SB3/SBX: `model.learn`; hetrl: result.json's wall_s), the ratios (medians over rounds),
-and writes benchmarks/results/bench_sb3.json. Needs `pip install stable-baselines3` (make bench),
+and writes benchmarks/results/bench_sb3.json, with the BLAS kernels each run used (OpenBLAS chooses
+them for the CPU when it loads unless OPENBLAS_CORETYPE says otherwise: some machines here set it to
+Haswell, which leaves hetrl's compiled learner on AVX2 kernels while SBX's XLA and torch's MKL choose
+for themselves; run `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_sb3.py ...`
+to measure what a machine without that setting runs). Needs `pip install stable-baselines3` (make bench),
 `sbx-rl` for SBX. Compare ratios, not absolute figures: the machines here are shared and noisy.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,10 +40,10 @@ if lib == "hetrl":
     import hetrl
     run = hetrl.train(algo, env, steps=steps, plan=plan, progress=False, evaluate_episodes=0, **extra)
     r = run.result
-    print(json.dumps({"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
-                      "schedule": run.cfg.schedule, "compiled": run.cfg.compiled, "fastpath": run.cfg.fastpath,
-                      "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
-                      "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}))
+    out = {"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
+           "schedule": run.cfg.schedule, "threads": run.cfg.threads, "compiled": run.cfg.compiled,
+           "fastpath": run.cfg.fastpath, "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
+           "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}
 else:
     sys.path.insert(0, __BENCH_DIR__)
     from sb3_preset import sb3_model
@@ -59,8 +64,13 @@ else:
     end = time.perf_counter()
     wall = end - t
     learning = (model.num_timesteps - mark.t[1]) / (end - mark.t[0]) if mark.t and end > mark.t[0] else None
-    print(json.dumps({"wall_s": wall, "env_steps": model.num_timesteps, "gradient_steps": model._n_updates,
-                      "env_steps_per_s_learning": learning}))
+    out = {"wall_s": wall, "env_steps": model.num_timesteps, "gradient_steps": model._n_updates,
+           "env_steps_per_s_learning": learning}
+# the BLAS kernels this process ran (OpenBLAS picks them when it loads; OPENBLAS_CORETYPE overrides)
+from threadpoolctl import threadpool_info
+out["blas"] = sorted({f"{i['internal_api']} {i.get('version')} {i.get('architecture')}" for i in threadpool_info()
+                      if i["user_api"] == "blas"})
+print(json.dumps(out))
 """.replace("__BENCH_DIR__", repr(str(HERE)))
 
 
@@ -92,7 +102,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "bench_sb3.json"))
     args = ap.parse_args()
     libs = args.libs.split(",")
-    report = {"machine": {"python": sys.version.split()[0]}, "plan": args.plan, "libs": libs, "cases": [],
+    blas_env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    report = {"machine": {"python": sys.version.split()[0], "blas_env": blas_env}, "plan": args.plan, "libs": libs,
+              "cases": [],
               "command": "python " + " ".join(sys.argv)}
     for algo, env, steps, extra in map(parse_case, args.cases.split(",")):
         if "hetrl" in libs and args.plan == "auto":  # the profile once, cached for every round

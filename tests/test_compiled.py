@@ -15,10 +15,11 @@ pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba/scipy no
 SPACES = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
 
 
-def _pair(**overrides):
+def _pair(threads=1, **overrides):
     torch.manual_seed(0)
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [32, 16], "max_grad_norm": 0.5, **overrides})
     fast = make_algorithm(dataclasses.replace(cfg, compiled=True), *SPACES)
+    compiled.use_threads(fast, threads)   # the batch's rows split over this many parallel lanes
     ref = make_algorithm(cfg, *SPACES)
     assert fast.compiled_phase and not ref.compiled_phase
     for name in ("q", "q_target"):
@@ -34,11 +35,13 @@ def _batches(K, B, seed):
             "steps": torch.randint(1, 4, (K, B), generator=g).to(torch.uint8)}
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("double", [False, True])
-def test_compiled_phase_equals_public_path(double):
+def test_compiled_phase_equals_public_path(double, threads):
     """Three phases of 20 updates (importance weights, an active gradient clip, a target update
-    between phases): the same TD errors, parameters and Adam state within float tolerance."""
-    fast, ref = _pair(double=double)
+    between phases): the same TD errors, parameters and Adam state within float tolerance, on one
+    learner thread and on two parallel lanes."""
+    fast, ref = _pair(threads, double=double)
     for phase in range(3):
         b, w = _batches(20, 16, phase), torch.rand(20, 16, generator=torch.Generator().manual_seed(9 + phase))
         torch.testing.assert_close(fast.learn(b, w), ref.learn(b, w), rtol=1e-5, atol=1e-5)
@@ -95,10 +98,11 @@ def _ac_batches(K, B, seed):
             "steps": torch.randint(1, 3, (K, B), generator=g).to(torch.uint8)}
 
 
-def _ac_pair(name, **overrides):
+def _ac_pair(name, threads=1, **overrides):
     cfg = make_config(name, "Pendulum-v1", {"net_arch": [24, 16], "max_grad_norm": 0.5, **overrides})
     torch.manual_seed(0)
     fast = make_algorithm(dataclasses.replace(cfg, compiled=True), *AC_SPACES)
+    compiled.use_threads(fast, threads)   # SAC: the batch's rows split over this many parallel lanes
     ref = make_algorithm(cfg, *AC_SPACES)
     assert fast.compiled_phase and not ref.compiled_phase
     ref.load_state_dict(fast.state_dict())
@@ -128,13 +132,15 @@ def _learn_both(fast, ref, K, seed):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name,overrides", [("ddpg", {}), ("td3", {"policy_delay": 3}), ("sac", {}),
                                             ("sac", {"ent_coef": "0.1"}), ("td3", {"max_grad_norm": 0.0})])
-def test_actor_critic_phase_equals_public_path(name, overrides):
+def test_actor_critic_phase_equals_public_path(name, overrides, threads):
     """Phases of 7, 1 and 5 steps (a policy delay that spans phases, importance weights, an active gradient
     clip, terminations, n-step discounts): the same priorities, parameters, targets, Adam states, step count
-    (and SAC's entropy coefficient) as the autograd path."""
-    fast, ref = _ac_pair(name, **overrides)
+    (and SAC's entropy coefficient) as the autograd path, on one learner thread and on two (the batch's rows
+    split over two parallel lanes whose gradients are summed)."""
+    fast, ref = _ac_pair(name, threads, **overrides)
     for seed, K in enumerate((7, 1, 5)):
         _learn_both(fast, ref, K, seed)
     _same_state(fast, ref)

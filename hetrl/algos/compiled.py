@@ -121,26 +121,69 @@ if numba is not None:
         return s
 
     @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+    def _adam_consts(step, lr, beta1, beta2):  # pragma: no cover - compiled
+        """Count the step; torch's fused CPU Adam's constants for it: (step_size, 1 - beta1, beta2, 1 - beta2,
+        sqrt(bias correction 2))."""
+        step[0] += 1
+        t = np.float64(step[0])
+        return (np.float32(lr / (1.0 - beta1 ** t)), np.float32(1.0 - beta1), np.float32(beta2),
+                np.float32(1.0 - beta2), np.float32(np.sqrt(1.0 - beta2 ** t)))
+
+    @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+    def _adam_span(flat, grad, exp_avg, exp_avg_sq, lo, hi, coef, consts, eps):  # pragma: no cover - compiled
+        """Adam on the parameters lo:hi, their gradients scaled by the clip's `coef`: lerp the moments,
+        bias-correct, update (torch's fused CPU kernel). The loop runs over views from 0: an index from `lo`
+        may be negative as far as numba knows, and its wrap-around check kept LLVM from vectorising (9x slower)."""
+        step_size, b1, b2, ib2, bc2f = consts
+        e = np.float32(eps)
+        w, gr, ma, va = flat[lo:hi], grad[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi]
+        for p in range(w.shape[0]):
+            g = gr[p] * coef
+            m = ma[p] + b1 * (g - ma[p])
+            v = b2 * va[p] + ib2 * g * g
+            ma[p] = m
+            va[p] = v
+            w[p] -= step_size * m / (np.sqrt(v) / bc2f + e)
+
+    @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+    def _clip_coef(sum_sq, max_norm):  # pragma: no cover - compiled
+        """clip_grad_norm_(max_norm)'s factor: min(1, max_norm / (||g|| + 1e-6)); 1 without a clip."""
+        if max_norm > 0:
+            return np.float32(min(1.0, max_norm / (np.sqrt(np.float64(sum_sq)) + 1e-6)))
+        return np.float32(1.0)
+
+    @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
     def _clip_adam(flat, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm):  # pragma: no cover
         """clip_grad_norm_(max_norm) (g *= min(1, max_norm / (||g|| + 1e-6))), then one step of torch's
         fused CPU Adam: lerp the moments, bias-correct, update."""
+        coef = _clip_coef(_sum_sq(grad), max_norm)
+        _adam_span(flat, grad, exp_avg, exp_avg_sq, 0, flat.shape[0], coef, _adam_consts(step, lr, beta1, beta2), eps)
+
+    @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+    def _gather_span(grad, lanes, nl, lo, hi):  # pragma: no cover - compiled
+        """grad[lo:hi] += the other lanes' partial gradients there; returns the span's sum of squares."""
+        g = grad[lo:hi]
+        for l in range(nl - 1):
+            src = lanes[l, lo:hi]
+            for p in range(g.shape[0]):
+                g[p] += src[p]
+        return _sum_sq(g)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+    def _lanes_clip_adam(flat, grad, lanes, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps,
+                         max_norm):  # pragma: no cover - compiled
+        """_clip_adam on the sum of the lanes' gradients (grad += lanes[0 .. nl-2]), the parameters split over
+        nl parallel lanes: each sums its span's gradients and their squares, then (after the clip's factor)
+        steps its span. (The loops are in the fastmath helpers, which vectorise: a loop written in a prange
+        body did not, 10x slower.)"""
         n = flat.shape[0]
-        coef = np.float32(1.0)
-        if max_norm > 0:
-            coef = np.float32(min(1.0, max_norm / (np.sqrt(np.float64(_sum_sq(grad))) + 1e-6)))
-        step[0] += 1
-        t = np.float64(step[0])
-        bc1 = 1.0 - beta1 ** t
-        step_size = np.float32(lr / bc1)
-        b1, b2 = np.float32(1.0 - beta1), np.float32(beta2)
-        ib2, e, bc2f = np.float32(1.0 - beta2), np.float32(eps), np.float32(np.sqrt(1.0 - beta2 ** t))
-        for p in range(n):
-            g = grad[p] * coef
-            m = exp_avg[p] + b1 * (g - exp_avg[p])
-            v = b2 * exp_avg_sq[p] + ib2 * g * g
-            exp_avg[p] = m
-            exp_avg_sq[p] = v
-            flat[p] -= step_size * m / (np.sqrt(v) / bc2f + e)
+        part = np.zeros(nl, np.float32)
+        for c in numba.prange(nl):
+            part[c] = _gather_span(grad, lanes, nl, c * n // nl, (c + 1) * n // nl)
+        coef = _clip_coef(part.sum(), max_norm)
+        consts = _adam_consts(step, lr, beta1, beta2)
+        for c in numba.prange(nl):
+            _adam_span(flat, grad, exp_avg, exp_avg_sq, c * n // nl, (c + 1) * n // nl, coef, consts, eps)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _relu_grad(g, y):  # pragma: no cover - compiled
@@ -151,45 +194,65 @@ if numba is not None:
                 g[i, j] = g[i, j] if y[i, j] > 0 else np.float32(0.0)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _dqn_lane(c, nl, k, obs, action, reward, discount, weight, sizes, flat, grad, double, next_q, next_obs,
+                  ws, td_out):  # pragma: no cover - compiled
+        """Lane c of nl of DQN update k: the rows lo:hi of the batch on the lane's scratch `ws`, the loss's
+        gradient into the lane's `grad` (the phase sums the lanes): the target (a' from next_q, the target
+        net's, or from the online net as it is now: double), the Huber loss's gradient, backward."""
+        K, B = action.shape
+        lo, hi = c * B // nl, (c + 1) * B // nl
+        R = hi - lo
+        L = sizes.shape[0] - 1
+        A = sizes[L]
+        pos = np.zeros(1, np.int64)
+        acts = [_mat(ws, pos, R, sizes[l + 1]) for l in range(L)]    # layer outputs
+        grads = [_mat(ws, pos, R, sizes[l]) for l in range(L)]       # dloss/d(layer input)
+        g, target = _mat(ws, pos, R, A), _mat(ws, pos, 1, R)[0]
+        one = np.float32(1.0)
+        if double:  # a' from the online net as it is now
+            _fwd(flat, 0, sizes, next_obs[k, lo:hi], acts, 0, 0)
+        for i in range(R):
+            best = 0
+            for j in range(1, A):
+                if (acts[L - 1][i, j] > acts[L - 1][i, best]) if double else (next_q[k, lo + i, j] > next_q[k, lo + i, best]):
+                    best = j
+            target[i] = reward[k, lo + i] + discount[k, lo + i] * next_q[k, lo + i, best]
+        x = obs[k, lo:hi]
+        _fwd(flat, 0, sizes, x, acts, 0, 0)
+        # d/dq of the loss: w * clip(td, -1, 1) / B at the taken action
+        g[:, :] = 0
+        for i in range(R):
+            ai = action[k, lo + i]
+            td = acts[L - 1][i, ai] - target[i]
+            td_out[k, lo + i] = td
+            cl = min(max(td, -one), one)
+            g[i, ai] = weight[k, lo + i] * cl / np.float32(B)
+        _bwd(flat, grad, 0, sizes, x, acts, 0, g, grads, True, False, 0)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def _dqn_mlp_phase(obs, action, reward, next_obs, discount, weight, sizes, flat, target_flat, double,
-                       grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, td_out):  # pragma: no cover
+                       grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, ws, lane_g,
+                       td_out):  # pragma: no cover - compiled
         """K updates of mean(w * huber(Q(s)[a] - y)) on an MLP whose parameters (per layer: weight
         (out, in), then bias) are views of `flat`, with y = r + discount * Q_target(s')[a'] where a' is
         argmax Q_target(s') (plain; all K from one pass of the fixed target net) or argmax Q(s') at the
-        current parameters (double); Adam as torch's fused CPU kernel; td_out[k] = Q(s)[a] - y."""
+        current parameters (double); Adam as torch's fused CPU kernel; td_out[k] = Q(s)[a] - y. The batch's
+        rows are split over len(ws) parallel lanes (lane 0 writes `grad`, lane c > 0 lane_g[c - 1])."""
         K, B = action.shape
         L = sizes.shape[0] - 1
-        A = sizes[L]
-        acts = [np.empty((B, sizes[l + 1]), np.float32) for l in range(L)]   # layer outputs
-        grads = [np.empty((B, sizes[l]), np.float32) for l in range(L + 1)]  # dloss/d(layer input)
-        # the target net is fixed during the phase: its Q(s') for all K batches in one pass
+        nl = ws.shape[0]
+        # the target net is fixed during the phase: its Q(s') for all K batches in one pass, rows over the lanes
         tacts = [np.empty((K * B, sizes[l + 1]), np.float32) for l in range(L)]
-        _fwd(target_flat, 0, sizes, next_obs.reshape((K * B, sizes[0])), tacts, 0, 0)
-        next_q = tacts[L - 1].reshape((K, B, A))
-        target = np.empty(B, np.float32)
-        one = np.float32(1.0)
+        nxt = next_obs.reshape((K * B, sizes[0]))
+        for c in numba.prange(nl):
+            lo, hi = c * K * B // nl, (c + 1) * K * B // nl
+            _fwd(target_flat, 0, sizes, nxt[lo:hi], [t[lo:hi] for t in tacts], 0, 0)
+        next_q = tacts[L - 1].reshape((K, B, sizes[L]))
         for k in range(K):
-            if double:  # a' from the online net as it is now
-                _fwd(flat, 0, sizes, next_obs[k], acts, 0, 0)
-            for i in range(B):
-                best = 0
-                for j in range(1, A):
-                    if (acts[L - 1][i, j] > acts[L - 1][i, best]) if double else (next_q[k, i, j] > next_q[k, i, best]):
-                        best = j
-                target[i] = reward[k, i] + discount[k, i] * next_q[k, i, best]
-            x = obs[k]
-            _fwd(flat, 0, sizes, x, acts, 0, 0)
-            # d/dq of the loss: w * clip(td, -1, 1) / B at the taken action
-            g = grads[L]
-            g[:, :] = 0
-            for i in range(B):
-                ai = action[k, i]
-                td = acts[L - 1][i, ai] - target[i]
-                td_out[k, i] = td
-                c = min(max(td, -one), one)
-                g[i, ai] = weight[k, i] * c / np.float32(B)
-            _bwd(flat, grad, 0, sizes, x, acts, 0, g, grads, True, False, 0)
-            _clip_adam(flat, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)
+            for c in numba.prange(nl):
+                _dqn_lane(c, nl, k, obs, action, reward, discount, weight, sizes, flat,
+                          grad if c == 0 else lane_g[c - 1], double, next_q, next_obs, ws[c], td_out)
+            _lanes_clip_adam(flat, grad, lane_g, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)
 
 
     # ---- the MLP pieces every phase is built from (DQN, DDPG, TD3, SAC) ----------------------------------
@@ -295,63 +358,85 @@ if numba is not None:
             target[p] += t * (source[p] - target[p])
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _ac_phase(obs, action, reward, next_obs, discount, weight, noise, asizes, csizes, n_critics,
-                  actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, actor_t, critic_t,
-                  updates, delay, hp, ws, td_out):  # pragma: no cover - compiled
-        """K steps of DDPG (n_critics 1, delay 1, noise 0) or TD3 (twin critics, smoothing noise, delay):
-        y = r + discount * min_c Q_c_t(s', clip(mu_t(s') + noise, -1, 1)); critic loss sum_c mean(w (Q_c(s, a) - y)^2);
-        every delay-th step the actor loss -mean(Q_1(s, mu(s))) and the Polyak targets. Returns the step count."""
+    def _ac_lane(part, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, asizes, csizes, n_critics,
+                 actor, agrad, critic, cgrad, actor_t, critic_t, ws, y, td_out):  # pragma: no cover - compiled
+        """Lane c of nl of DDPG/TD3 step k: the rows lo:hi of the batch, on the lane's scratch `ws` and its own
+        gradient buffers (the phase sums the lanes). part 1: the (twin-min, smoothed) target and the critics'
+        loss gradient; part 2 (a delayed actor step, after the critics' step): -mean Q_1(s, mu(s))'s gradient."""
         K, B, do = obs.shape
         A = action.shape[2]
-        alr, clr, b1, b2, eps, max_norm, tau = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
+        lo, hi = c * B // nl, (c + 1) * B // nl
+        R = hi - lo
         La, Lc = asizes.shape[0] - 1, csizes.shape[0] - 1
         nc = _nparams(csizes)
         pos = np.zeros(1, np.int64)
-        aacts = [_mat(ws, pos, B, asizes[l + 1]) for l in range(La)]
-        ags = [_mat(ws, pos, B, asizes[l]) for l in range(La)]
-        cacts = [_mat(ws, pos, B, csizes[l + 1]) for l in range(Lc)]
-        cgs = [_mat(ws, pos, B, csizes[l]) for l in range(Lc)]
-        x, na, gmu, g = _mat(ws, pos, B, do + A), _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, 1)
-        y = _mat(ws, pos, 1, B)[0]
+        aacts = [_mat(ws, pos, R, asizes[l + 1]) for l in range(La)]
+        ags = [_mat(ws, pos, R, asizes[l]) for l in range(La)]
+        cacts = [_mat(ws, pos, R, csizes[l + 1]) for l in range(Lc)]
+        cgs = [_mat(ws, pos, R, csizes[l]) for l in range(Lc)]
+        x, na, gmu, g = _mat(ws, pos, R, do + A), _mat(ws, pos, R, A), _mat(ws, pos, R, A), _mat(ws, pos, R, 1)
         one, Bf = np.float32(1.0), np.float32(B)
-        for k in range(K):
-            _fwd(actor_t, 0, asizes, next_obs[k], aacts, 0, 2)
+        xo = obs[k, lo:hi]
+        if part == 1:
+            xn = next_obs[k, lo:hi]
+            _fwd(actor_t, 0, asizes, xn, aacts, 0, 2)
             mu_t = aacts[La - 1]
-            for i in range(B):
+            for i in range(R):
                 for j in range(A):
-                    na[i, j] = min(max(mu_t[i, j] + noise[k, i, j], -one), one)
-            _cat(next_obs[k], na, x)
-            for c in range(n_critics):
-                _fwd(critic_t, c * nc, csizes, x, cacts, 0, 0)
+                    na[i, j] = min(max(mu_t[i, j] + noise[k, lo + i, j], -one), one)
+            _cat(xn, na, x)
+            for cc in range(n_critics):
+                _fwd(critic_t, cc * nc, csizes, x, cacts, 0, 0)
                 q = cacts[Lc - 1]
-                for i in range(B):
-                    y[i] = q[i, 0] if c == 0 else min(y[i], q[i, 0])
-            for i in range(B):
-                y[i] = reward[k, i] + discount[k, i] * y[i]
-                td_out[k, i] = 0
-            _cat(obs[k], action[k], x)
-            for c in range(n_critics):
-                _fwd(critic, c * nc, csizes, x, cacts, 0, 0)
+                for i in range(R):
+                    y[lo + i] = q[i, 0] if cc == 0 else min(y[lo + i], q[i, 0])
+            for i in range(R):
+                y[lo + i] = reward[k, lo + i] + discount[k, lo + i] * y[lo + i]
+                td_out[k, lo + i] = 0
+            _cat(xo, action[k, lo:hi], x)
+            for cc in range(n_critics):
+                _fwd(critic, cc * nc, csizes, x, cacts, 0, 0)
                 q = cacts[Lc - 1]
-                for i in range(B):
-                    td = q[i, 0] - y[i]
-                    td_out[k, i] += abs(td) / np.float32(n_critics)
-                    g[i, 0] = np.float32(2.0) * weight[k, i] * td / Bf
-                _bwd(critic, cgrad, c * nc, csizes, x, cacts, 0, g, cgs, True, False, 0)
-            _clip_adam(critic, cgrad, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+                for i in range(R):
+                    td = q[i, 0] - y[lo + i]
+                    td_out[k, lo + i] += abs(td) / np.float32(n_critics)
+                    g[i, 0] = np.float32(2.0) * weight[k, lo + i] * td / Bf
+                _bwd(critic, cgrad, cc * nc, csizes, x, cacts, 0, g, cgs, True, False, 0)
+            return
+        _fwd(actor, 0, asizes, xo, aacts, 0, 2)
+        _cat(xo, aacts[La - 1], x)
+        _fwd(critic, 0, csizes, x, cacts, 0, 0)
+        for i in range(R):
+            g[i, 0] = -one / Bf
+        _bwd(critic, cgrad, 0, csizes, x, cacts, 0, g, cgs, False, True, 0)
+        for i in range(R):
+            for j in range(A):
+                gmu[i, j] = cgs[0][i, do + j]
+        _bwd(actor, agrad, 0, asizes, xo, aacts, 0, gmu, ags, True, False, 2)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+    def _ac_phase(obs, action, reward, next_obs, discount, weight, noise, asizes, csizes, n_critics,
+                  actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, actor_t, critic_t,
+                  updates, delay, hp, ws, lane_ag, lane_cg, y, td_out):  # pragma: no cover - compiled
+        """K steps of DDPG (n_critics 1, delay 1, noise 0) or TD3 (twin critics, smoothing noise, delay):
+        y = r + discount * min_c Q_c_t(s', clip(mu_t(s') + noise, -1, 1)); critic loss sum_c mean(w (Q_c(s, a) - y)^2);
+        every delay-th step the actor loss -mean(Q_1(s, mu(s))) and the Polyak targets. The batch's rows are split
+        over len(ws) parallel lanes (as _sac_phase). Returns the step count."""
+        nl = ws.shape[0]
+        alr, clr, b1, b2, eps, max_norm, tau = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
+        for k in range(obs.shape[0]):
+            for c in numba.prange(nl):
+                _ac_lane(1, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, asizes, csizes,
+                         n_critics, actor, agrad if c == 0 else lane_ag[c - 1], critic,
+                         cgrad if c == 0 else lane_cg[c - 1], actor_t, critic_t, ws[c], y, td_out)
+            _lanes_clip_adam(critic, cgrad, lane_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
             updates += 1
             if updates % delay == 0:
-                _fwd(actor, 0, asizes, obs[k], aacts, 0, 2)
-                _cat(obs[k], aacts[La - 1], x)
-                _fwd(critic, 0, csizes, x, cacts, 0, 0)
-                for i in range(B):
-                    g[i, 0] = -one / Bf
-                _bwd(critic, cgrad, 0, csizes, x, cacts, 0, g, cgs, False, True, 0)
-                for i in range(B):
-                    for j in range(A):
-                        gmu[i, j] = cgs[0][i, do + j]
-                _bwd(actor, agrad, 0, asizes, obs[k], aacts, 0, gmu, ags, True, False, 2)
-                _clip_adam(actor, agrad, am, av, astep, alr, b1, b2, eps, max_norm)
+                for c in numba.prange(nl):
+                    _ac_lane(2, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, asizes, csizes,
+                             n_critics, actor, agrad if c == 0 else lane_ag[c - 1], critic,
+                             cgrad if c == 0 else lane_cg[c - 1], actor_t, critic_t, ws[c], y, td_out)
+                _lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
                 _polyak(critic_t, critic, tau)
                 _polyak(actor_t, actor, tau)
         return updates
@@ -387,101 +472,126 @@ if numba is not None:
             logp[i] = s
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _sac_phase(obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, asizes, csizes,
-                   actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, critic_t,
-                   log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, ws, td_out):  # pragma: no cover - compiled
-        """K steps of SAC (the order and math of sac.py's docstring) with the Gaussian noise given:
-        eps_pi for the actor/alpha losses, eps_next for the target's next action."""
+    def _sac_lane(part, c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, asizes, csizes,
+                  actor, agrad, critic, cgrad, critic_t, alpha, ws, logp, nlogp, y, td_out):  # pragma: no cover
+        """Lane c of nl of SAC step k: the rows lo:hi of the batch, on the lane's own scratch `ws` and its own
+        gradient buffers (agrad, cgrad; the phase sums the lanes). part 1: both actions and log-probs, the
+        soft twin-min target, the critics' loss gradient; part 2 (after the critics' step): the actor loss's
+        gradient through min(Q1, Q2) and the tanh correction. Losses are means over the whole batch."""
         K, B, do = obs.shape
         A = action.shape[2]
-        alr, clr, b1, b2, eps, max_norm, tau, te = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7]
-        al_lr, al_b1, al_b2, al_eps = hp[8], hp[9], hp[10], hp[11]
+        lo, hi = c * B // nl, (c + 1) * B // nl
+        R = hi - lo
         La, Lc = asizes.shape[0] - 1, csizes.shape[0] - 1
         H = asizes[La]
         ob, nc = _nparams(asizes), _nparams(csizes)
-        pos = np.zeros(1, np.int64)
-        aacts = [_mat(ws, pos, B, asizes[l + 1]) for l in range(La)]
-        nacts = [_mat(ws, pos, B, asizes[l + 1]) for l in range(La)]
-        ags = [_mat(ws, pos, B, asizes[l]) for l in range(La)]
-        cacts = [_mat(ws, pos, B, csizes[(l % Lc) + 1]) for l in range(2 * Lc)]  # both critics
-        cgs = [_mat(ws, pos, B, csizes[l]) for l in range(Lc)]
-        mean, lsr, u, a = _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A)
-        nmean, nlsr, nu, na = _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A)
-        rows = _mat(ws, pos, 5, B)
-        logp, nlogp, y, qa = rows[0], rows[1], rows[2], rows[3:5]
-        ga, dmean, dls = _mat(ws, pos, B, A), _mat(ws, pos, B, A), _mat(ws, pos, B, A)
-        dh, dh2 = _mat(ws, pos, B, H), _mat(ws, pos, B, H)
-        x, g = _mat(ws, pos, B, do + A), _mat(ws, pos, B, 1)
+        pos = np.zeros(1, np.int64)   # the same views of `ws` in both parts: part 2 reads part 1's actor pass
+        aacts = [_mat(ws, pos, R, asizes[l + 1]) for l in range(La)]
+        nacts = [_mat(ws, pos, R, asizes[l + 1]) for l in range(La)]
+        ags = [_mat(ws, pos, R, asizes[l]) for l in range(La)]
+        cacts = [_mat(ws, pos, R, csizes[(l % Lc) + 1]) for l in range(2 * Lc)]  # both critics
+        cgs = [_mat(ws, pos, R, csizes[l]) for l in range(Lc)]
+        mean, lsr, u, a = _mat(ws, pos, R, A), _mat(ws, pos, R, A), _mat(ws, pos, R, A), _mat(ws, pos, R, A)
+        nmean, nlsr, nu, na = _mat(ws, pos, R, A), _mat(ws, pos, R, A), _mat(ws, pos, R, A), _mat(ws, pos, R, A)
+        ga, dmean, dls = _mat(ws, pos, R, A), _mat(ws, pos, R, A), _mat(ws, pos, R, A)
+        dh, dh2 = _mat(ws, pos, R, H), _mat(ws, pos, R, H)
+        x, g, qa = _mat(ws, pos, R, do + A), _mat(ws, pos, R, 1), _mat(ws, pos, 2, R)
         one, Bf = np.float32(1.0), np.float32(B)
+        xo, xn = obs[k, lo:hi], next_obs[k, lo:hi]
+        if part == 1:
+            _squashed(actor, asizes, xo, aacts, eps_pi[k, lo:hi], mean, lsr, u, a, logp[lo:hi])
+            _squashed(actor, asizes, xn, nacts, eps_next[k, lo:hi], nmean, nlsr, nu, na, nlogp[lo:hi])
+            _cat(xn, na, x)
+            for cc in range(2):
+                _fwd(critic_t, cc * nc, csizes, x, cacts, 0, 0)
+                q = cacts[Lc - 1]
+                for i in range(R):
+                    y[lo + i] = q[i, 0] if cc == 0 else min(y[lo + i], q[i, 0])
+            for i in range(R):
+                y[lo + i] = reward[k, lo + i] + discount[k, lo + i] * (y[lo + i] - alpha * nlogp[lo + i])
+                td_out[k, lo + i] = 0
+            _cat(xo, action[k, lo:hi], x)
+            for cc in range(2):  # critic loss 0.5 mean(w td1^2) + 0.5 mean(w td2^2)
+                _fwd(critic, cc * nc, csizes, x, cacts, 0, 0)
+                q = cacts[Lc - 1]
+                for i in range(R):
+                    td = q[i, 0] - y[lo + i]
+                    td_out[k, lo + i] += np.float32(0.5) * abs(td)
+                    g[i, 0] = weight[k, lo + i] * td / Bf
+                _bwd(critic, cgrad, cc * nc, csizes, x, cacts, 0, g, cgs, True, False, 0)
+            return
+        # part 2: actor loss mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))), critics after their step
+        _cat(xo, a, x)
+        for cc in range(2):
+            _fwd(critic, cc * nc, csizes, x, cacts, cc * Lc, 0)
+            for i in range(R):
+                qa[cc, i] = cacts[cc * Lc + Lc - 1][i, 0]
+        ga[:, :] = 0
+        for cc in range(2):
+            for i in range(R):  # torch.min's gradient: to the smaller, halved on a tie
+                q, other = qa[cc, i], qa[1 - cc, i]
+                g[i, 0] = 0 if q > other else (-one / Bf if q < other else np.float32(-0.5) / Bf)
+            _bwd(critic, cgrad, cc * nc, csizes, x, cacts, cc * Lc, g, cgs, False, True, 0)
+            for i in range(R):
+                for j in range(A):
+                    ga[i, j] += cgs[0][i, do + j]
+        for i in range(R):
+            for j in range(A):
+                # d/du: through a = tanh(u) and the log-prob's correction (d log pi / du = 2 tanh(u))
+                du = ga[i, j] * (one - a[i, j] * a[i, j]) + alpha / Bf * np.float32(2.0) * a[i, j]
+                dmean[i, j] = du
+                r = lsr[i, j]
+                inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
+                dls[i, j] = (du * np.exp(r) * eps_pi[k, lo + i, j] - alpha / Bf) if inside else np.float32(0.0)
+        h = aacts[La - 1]
+        np.dot(dmean.T, h, agrad[ob:ob + A * H].reshape((A, H)))
+        np.dot(dls.T, h, agrad[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)))
+        for j in range(A):
+            sm, sl = np.float32(0.0), np.float32(0.0)
+            for i in range(R):
+                sm += dmean[i, j]
+                sl += dls[i, j]
+            agrad[ob + A * H + j] = sm
+            agrad[ob + 2 * A * H + A + j] = sl
+        np.dot(dmean, actor[ob:ob + A * H].reshape((A, H)), dh)
+        np.dot(dls, actor[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)), dh2)
+        for i in range(R):
+            for j in range(H):
+                dh[i, j] += dh2[i, j]
+        _bwd(actor, agrad, 0, asizes, xo, aacts, 0, dh, ags, True, False, 1)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+    def _sac_phase(obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, asizes, csizes,
+                   actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, critic_t,
+                   log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, ws, lane_ag, lane_cg, rows,
+                   td_out):  # pragma: no cover - compiled
+        """K steps of SAC (the order and math of sac.py's docstring) with the Gaussian noise given:
+        eps_pi for the actor/alpha losses, eps_next for the target's next action. The batch's rows are split
+        over len(ws) lanes, run in parallel (numba's threads, one BLAS thread each); lane 0 writes the real
+        gradient buffers, lane c > 0 lane_ag/lane_cg[c - 1], summed before each optimizer step."""
+        K, B, do = obs.shape
+        nl = ws.shape[0]
+        alr, clr, b1, b2, eps, max_norm, tau, te = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7]
+        al_lr, al_b1, al_b2, al_eps = hp[8], hp[9], hp[10], hp[11]
+        logp, nlogp, y = rows[0], rows[1], rows[2]
         for k in range(K):
-            _squashed(actor, asizes, obs[k], aacts, eps_pi[k], mean, lsr, u, a, logp)
             alpha = np.float32(np.exp(log_alpha[0]))  # before this step's alpha update
+            for c in numba.prange(nl):
+                _sac_lane(1, c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, asizes,
+                          csizes, actor, agrad if c == 0 else lane_ag[c - 1], critic, cgrad if c == 0 else lane_cg[c - 1],
+                          critic_t, alpha, ws[c], logp, nlogp, y, td_out)
             if learn_alpha:
                 s = np.float32(0.0)
                 for i in range(B):
                     s += logp[i] + np.float32(te)
-                galpha[0] = -s / Bf
+                galpha[0] = -s / np.float32(B)
                 _clip_adam(log_alpha, galpha, alm, alv, alstep, al_lr, al_b1, al_b2, al_eps, 0.0)
-            _squashed(actor, asizes, next_obs[k], nacts, eps_next[k], nmean, nlsr, nu, na, nlogp)
-            _cat(next_obs[k], na, x)
-            for c in range(2):
-                _fwd(critic_t, c * nc, csizes, x, cacts, 0, 0)
-                q = cacts[Lc - 1]
-                for i in range(B):
-                    y[i] = q[i, 0] if c == 0 else min(y[i], q[i, 0])
-            for i in range(B):
-                y[i] = reward[k, i] + discount[k, i] * (y[i] - alpha * nlogp[i])
-                td_out[k, i] = 0
-            _cat(obs[k], action[k], x)
-            for c in range(2):  # critic loss 0.5 mean(w td1^2) + 0.5 mean(w td2^2)
-                _fwd(critic, c * nc, csizes, x, cacts, 0, 0)
-                q = cacts[Lc - 1]
-                for i in range(B):
-                    td = q[i, 0] - y[i]
-                    td_out[k, i] += np.float32(0.5) * abs(td)
-                    g[i, 0] = weight[k, i] * td / Bf
-                _bwd(critic, cgrad, c * nc, csizes, x, cacts, 0, g, cgs, True, False, 0)
-            _clip_adam(critic, cgrad, cm, cv, cstep, clr, b1, b2, eps, max_norm)
-            # actor loss mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))), critics after their step
-            _cat(obs[k], a, x)
-            for c in range(2):
-                _fwd(critic, c * nc, csizes, x, cacts, c * Lc, 0)
-                for i in range(B):
-                    qa[c, i] = cacts[c * Lc + Lc - 1][i, 0]
-            ga[:, :] = 0
-            for c in range(2):
-                for i in range(B):  # torch.min's gradient: to the smaller, halved on a tie
-                    q, other = qa[c, i], qa[1 - c, i]
-                    g[i, 0] = 0 if q > other else (-one / Bf if q < other else np.float32(-0.5) / Bf)
-                _bwd(critic, cgrad, c * nc, csizes, x, cacts, c * Lc, g, cgs, False, True, 0)
-                for i in range(B):
-                    for j in range(A):
-                        ga[i, j] += cgs[0][i, do + j]
-            for i in range(B):
-                for j in range(A):
-                    # d/du: through a = tanh(u) and the log-prob's correction (d log pi / du = 2 tanh(u))
-                    du = ga[i, j] * (one - a[i, j] * a[i, j]) + alpha / Bf * np.float32(2.0) * a[i, j]
-                    dmean[i, j] = du
-                    r = lsr[i, j]
-                    inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
-                    dls[i, j] = (du * np.exp(r) * eps_pi[k, i, j] - alpha / Bf) if inside else np.float32(0.0)
-            h = aacts[La - 1]
-            np.dot(dmean.T, h, agrad[ob:ob + A * H].reshape((A, H)))
-            np.dot(dls.T, h, agrad[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)))
-            for j in range(A):
-                sm, sl = np.float32(0.0), np.float32(0.0)
-                for i in range(B):
-                    sm += dmean[i, j]
-                    sl += dls[i, j]
-                agrad[ob + A * H + j] = sm
-                agrad[ob + 2 * A * H + A + j] = sl
-            np.dot(dmean, actor[ob:ob + A * H].reshape((A, H)), dh)
-            np.dot(dls, actor[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)), dh2)
-            for i in range(B):
-                for j in range(H):
-                    dh[i, j] += dh2[i, j]
-            _bwd(actor, agrad, 0, asizes, obs[k], aacts, 0, dh, ags, True, False, 1)
-            _clip_adam(actor, agrad, am, av, astep, alr, b1, b2, eps, max_norm)
+            _lanes_clip_adam(critic, cgrad, lane_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+            for c in numba.prange(nl):
+                _sac_lane(2, c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, asizes,
+                          csizes, actor, agrad if c == 0 else lane_ag[c - 1], critic, cgrad if c == 0 else lane_cg[c - 1],
+                          critic_t, alpha, ws[c], logp, nlogp, y, td_out)
+            _lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
             _polyak(critic_t, critic, tau)
 
 
@@ -506,7 +616,7 @@ _blas_threads: list[int] = []
 
 
 def _limit_blas(threads: int) -> None:
-    """The compiled phase's BLAS (scipy's OpenBLAS) gets the learner's thread count, as torch's does."""
+    """The compiled phase's BLAS (scipy's OpenBLAS) runs on `threads` threads (the lanes call it: one each)."""
     if _blas_threads[-1:] != [threads]:
         from threadpoolctl import threadpool_limits
 
@@ -515,16 +625,20 @@ def _limit_blas(threads: int) -> None:
 
 
 def use_threads(algo, n: int) -> None:
-    """Run `algo`'s compiled phase on n BLAS threads, and torch (the small ops around the phase: sampling,
-    acting, publishing) on one. Two thread pools on the same cores (torch's OpenMP threads spin after
-    each parallel region, OpenBLAS's between calls) fight for them: measured here, a 2-thread compiled SAC
+    """Run `algo`'s compiled phase on n lanes (numba's threads, one BLAS thread each), and torch (the small
+    ops around the phase: sampling, acting, publishing) on one. Two thread pools on the same cores (torch's
+    OpenMP threads spin after each parallel region) fight for them: measured here, a 2-thread compiled SAC
     update took 12 ms in a run against 6 ms with torch on one thread."""
-    algo.blas_threads = max(1, int(n))
+    algo.lane_threads = max(1, int(n))
     torch.set_num_threads(1)
 
 
-def _threads(algo) -> None:
-    _limit_blas(getattr(algo, "blas_threads", 0) or torch.get_num_threads())
+def _lane_threads(algo, B: int) -> int:
+    """A lane-parallel phase: its lanes on numba's threads (set for the calling thread), one BLAS thread each."""
+    nl = lanes(algo, B)
+    _limit_blas(1)
+    numba.set_num_threads(nl)
+    return nl
 
 
 def _f32(t: torch.Tensor) -> np.ndarray:
@@ -618,8 +732,10 @@ def dqn_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
     on the algorithm's own buffers, targets included; returns td = Q(s, a) - y of shape (K, B)."""
     (flat, grad, m, v, step), (lr, beta1, beta2, eps) = _adam(algo.opt)
     sizes = _nets_of(algo)["q"]
-    _threads(algo)
     b = batches
+    B = weights.shape[1]
+    nl = _lane_threads(algo, B)
+    ws, lane_g, _, _ = _lane_buffers(algo, B, nl, list(sizes), flat.shape[0])
     with torch.no_grad():
         discount = algo.cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
         target_flat = torch.cat([p.reshape(-1) for p in algo.q_target.parameters()])
@@ -627,20 +743,30 @@ def dqn_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
         _dqn_mlp_phase(_f32(b["obs"]), np.ascontiguousarray(b["action"].numpy(), np.int64), _f32(b["reward"]),
                        _f32(b["next_obs"]), _f32(discount), _f32(weights), sizes, flat, target_flat.numpy(),
                        bool(algo.cfg.double), grad, m, v, step, lr, beta1, beta2, eps, float(algo.opt.max_grad_norm),
-                       td)
+                       ws, lane_g, td)
     return torch.from_numpy(td)
 
 
-def _workspace(algo, B: int, nets: dict) -> np.ndarray:
-    """The scratch buffer of `algo`'s compiled phase (kept on the algorithm, grown when a batch needs more):
-    every scratch matrix of one step is at most B x the widest layer, and there are fewer than
-    3 x (actor layers + critic layers) + 24 of them."""
-    widths = [*nets["actor"], *nets["critic"]]
-    need = B * max(widths) * (3 * len(widths) + 24)
-    ws = getattr(algo, "_compiled_ws", None)
-    if ws is None or ws.shape[0] < need:
-        ws = algo._compiled_ws = np.zeros(need, np.float32)
-    return ws
+def lanes(algo, B: int) -> int:
+    """How many lanes a lane-parallel phase splits its batch rows over: the learner's threads (`use_threads`, else
+    torch's count), at most numba's threads and B."""
+    n = getattr(algo, "lane_threads", 0) or torch.get_num_threads()
+    return max(1, min(int(n), B, numba.config.NUMBA_NUM_THREADS))
+
+
+def _lane_buffers(algo, B: int, nl: int, widths: list, n_actor: int, n_critic: int = 0) -> tuple:
+    """Per lane: a workspace for its ceil(B / nl) rows (every scratch matrix of a lane's step is at most its rows
+    x the widest layer of `widths`, the sizes of its networks, and there are fewer than 3 x len(widths) + 24 of
+    them); lanes 1 .. nl-1: partial gradients of the actor (DQN: the Q network) and the critics; and (3, B) rows
+    for the log-probs and targets. Kept on the algorithm for the (B, nl) in use (see _mat)."""
+    key = (B, nl, n_actor, n_critic)
+    got = algo.__dict__.get("_lane_buffers")
+    if got is None or got[0] != key:
+        rows = -(-B // nl)
+        ws = np.zeros((nl, rows * max(widths) * (3 * len(widths) + 24)), np.float32)
+        got = algo._lane_buffers = (key, (ws, np.zeros((nl - 1, n_actor), np.float32),
+                                          np.zeros((nl - 1, n_critic), np.float32), np.zeros((3, B), np.float32)))
+    return got[1]
 
 
 def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
@@ -657,7 +783,9 @@ def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> t
     (af, ag, am, av, ast), (alr, b1, b2, eps) = _adam(algo.actor_opt)
     (cf, cg, cm, cv, cst), (clr, *_) = _adam(algo.critic_opt)
     hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(cfg.tau)], np.float64)
-    _threads(algo)
+    B = weights.shape[1]
+    nl = _lane_threads(algo, B)
+    ws, lane_ag, lane_cg, rows = _lane_buffers(algo, B, nl, [*nets["actor"], *nets["critic"]], af.shape[0], cf.shape[0])
     with torch.no_grad():
         discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
         td = np.empty(tuple(weights.shape), np.float32)
@@ -665,7 +793,7 @@ def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> t
                                      _f32(discount), _f32(weights), _f32(noise), nets["actor"], nets["critic"],
                                      n_critics, af, ag, am, av, ast, cf, cg, cm, cv, cst,
                                      algo.actor_target_flat.numpy(), algo.critic_target_flat.numpy(),
-                                     int(algo.updates), delay, hp, _workspace(algo, weights.shape[1], nets), td))
+                                     int(algo.updates), delay, hp, ws, lane_ag, lane_cg, rows[0], td))
     return torch.from_numpy(td)
 
 
@@ -691,14 +819,15 @@ def sac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
         al_lr = al_b1 = al_b2 = al_eps = 0.0
     hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(cfg.tau),
                    float(algo.target_entropy), al_lr, al_b1, al_b2, al_eps], np.float64)
-    _threads(algo)
+    nl = _lane_threads(algo, B)
+    ws, lane_ag, lane_cg, rows = _lane_buffers(algo, B, nl, [*nets["actor"], *nets["critic"]], af.shape[0], cf.shape[0])
     with torch.no_grad():
         discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
         td = np.empty((K, B), np.float32)
         _sac_phase(_f32(b["obs"]), _f32(b["action"]), _f32(b["reward"]), _f32(b["next_obs"]), _f32(discount),
                    _f32(weights), _f32(noise[:, 0]), _f32(noise[:, 1]), nets["actor"], nets["critic"],
                    af, ag, am, av, ast, cf, cg, cm, cv, cst, algo.critic_target_flat.numpy(),
-                   la, galpha.numpy(), lm, lv, lst, learn_alpha, hp, _workspace(algo, B, nets), td)
+                   la, galpha.numpy(), lm, lv, lst, learn_alpha, hp, ws, lane_ag, lane_cg, rows, td)
     algo.updates += K
     return torch.from_numpy(td)
 
@@ -732,21 +861,23 @@ def warm_up(name: str = "dqn") -> float:
         for double in (False, True):
             _dqn_mlp_phase(np.zeros((K, B, 2), f), np.zeros((K, B), np.int64), kb, np.zeros((K, B, 2), f), kb, kb + 1,
                            sizes, z(n), z(n), double, z(n), z(n), z(n), z(1), 1e-3, 0.9, 0.999, 1e-8, 10.0,
-                           np.empty((K, B), f))
+                           np.zeros((1, 100), f), np.zeros((0, n), f), np.empty((K, B), f))
     elif name in ("ddpg", "td3"):
         asizes, csizes = np.array([2, 3, 1], np.int64), np.array([3, 3, 1], np.int64)
         na, nc = 2 * 3 + 3 + 3 + 1, 3 * 3 + 3 + 3 + 1
         o3, a3 = np.zeros((K, B, 2), f), np.zeros((K, B, 1), f)
         _ac_phase(o3, a3, kb, o3, kb, kb + 1, a3, asizes, csizes, 2, z(na), z(na), z(na), z(na), z(1),
                   z(2 * nc), z(2 * nc), z(2 * nc), z(2 * nc), z(1), z(na), z(2 * nc), 0, 1,
-                  np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005]), z(1000), np.empty((K, B), f))
+                  np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005]), np.zeros((1, 1000), f),
+                  np.zeros((0, na), f), np.zeros((0, 2 * nc), f), z(B), np.empty((K, B), f))
     elif name == "sac":
         asizes, csizes = np.array([2, 3], np.int64), np.array([3, 3, 1], np.int64)
         na, nc = 2 * 3 + 3 + 2 * (3 + 1), 3 * 3 + 3 + 3 + 1
         o3, a3 = np.zeros((K, B, 2), f), np.zeros((K, B, 1), f)
         _sac_phase(o3, a3, kb, o3, kb, kb + 1, a3, a3, asizes, csizes, z(na), z(na), z(na), z(na), z(1),
                    z(2 * nc), z(2 * nc), z(2 * nc), z(2 * nc), z(1), z(2 * nc), z(1), z(1), z(1), z(1), z(1), True,
-                   np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005, -1.0, 1e-3, 0.9, 0.999, 1e-8]), z(1000),
+                   np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005, -1.0, 1e-3, 0.9, 0.999, 1e-8]),
+                   np.zeros((1, 1000), f), np.zeros((0, na), f), np.zeros((0, 2 * nc), f), np.zeros((3, B), f),
                    np.empty((K, B), f))
     x, ws = np.zeros((1, 2), f), np.zeros(64, f)
     _act(z(2 * 3 + 3 + 3 * 2 + 2), np.array([2, 3, 2], np.int64), x, np.zeros((1, 2), f), 0, ws, np.empty((1, 2), f))
