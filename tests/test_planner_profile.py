@@ -39,7 +39,7 @@ def test_profile_writes_rereads_and_refreshes_its_cache(cache):
     path = cache_path(cfg)
     assert path.exists() and path.parent == cache and not t1.from_cache
     doc = json.loads(path.read_text())
-    assert doc["format"] == "hetrl-profile/10" and "chosen" in doc["fastpath"] and doc["machine"]["cores"] >= 1
+    assert doc["format"] == "hetrl-profile/11" and "chosen" in doc["fastpath"] and doc["machine"]["cores"] >= 1
     for section in ("env", "act", "infer", "learn", "ds_insert", "ds_gather", "rm_sample", "rm_update",
                     "transfer", "power"):
         assert doc[section], section
@@ -207,6 +207,21 @@ def test_a_profile_belongs_to_the_optional_packages_installed():
     other = {**m, "optional": {**m["optional"], "envpool": None if m["optional"]["envpool"] else "0.8.4"}}
     cfg = make_config("dqn", "CartPole-v1")
     assert cache_path(cfg, other) != cache_path(cfg, m)
+
+
+def test_a_profile_belongs_to_the_blas_kernels_in_force(monkeypatch):
+    """OPENBLAS_CORETYPE picks OpenBLAS's kernels (AVX2 or AVX-512: ~2x apart for the compiled learner), so a
+    profile measured under one setting is not read under another."""
+    from hetrl.planner.profile import machine_info
+
+    cfg = make_config("dqn", "CartPole-v1")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    haswell = machine_info()
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "SkylakeX")
+    assert machine_info()["blas_env"]["OPENBLAS_CORETYPE"] == "SkylakeX"
+    assert cache_path(cfg, machine_info()) != cache_path(cfg, haswell)
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    assert "OPENBLAS_CORETYPE" not in machine_info()["blas_env"]
 
 
 def test_the_profile_times_acting_with_the_learner_kernel_it_chose(monkeypatch):

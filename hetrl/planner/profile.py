@@ -58,7 +58,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase, group_size  # the runtime's phase and group sizes
 
-FORMAT = "hetrl-profile/10"
+FORMAT = "hetrl-profile/11"   # 11: the compiled phase's threads are lanes (numba threads, one BLAS thread each)
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 PREFETCH_MARGIN = 0.02   # the prefetch thread is chosen where its learner loop measured >= 2% faster
 QUICK_WIDTHS = (1, 2)
@@ -88,8 +88,11 @@ def machine_info() -> dict:
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
+    # OpenBLAS picks its kernels for the CPU when it loads, unless OPENBLAS_CORETYPE names others (some machines
+    # set it): the compiled learner's speed depends on it (AVX2 vs AVX-512: 132 vs 247 GFLOP/s on one core here)
+    blas = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
     return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cores": os.cpu_count() or 1,
-            "torch": torch.__version__, "gpus": gpus, "optional": _optional_versions()}
+            "torch": torch.__version__, "gpus": gpus, "optional": _optional_versions(), "blas_env": blas}
 
 
 def _optional_versions() -> dict:
