@@ -8,7 +8,7 @@ Usage:
 
 Each side runs in its own subprocess (JAX and torch/numba keep their thread pools to themselves), in
 alternating order, `--rounds` times; each prints ms per update over `--updates` calls after a warm-up.
-hetrl runs its learner on `--threads` threads (the compiled phase: BLAS threads, as the inline plan);
+hetrl runs its learner on `--threads` threads (the compiled phase: lanes of rows, as the inline plan);
 XLA uses the machine's cores as SBX does by default. Needs `pip install sbx-rl stable-baselines3`.
 """
 from __future__ import annotations
