@@ -11,7 +11,7 @@ import gymnasium as gym
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hetrl.algos import make_algorithm
+from hetrl.algos import compiled, make_algorithm
 from hetrl.config import make_config
 
 ap = argparse.ArgumentParser()
@@ -51,16 +51,29 @@ for algo in args.algos:
                "compiled": make_algorithm(make_config(algo, "Pendulum-v1", {"threads": args.threads, "compiled": True}),
                                           obs_s, act_s)}
     b, w = batch(1, cfg.batch_size), torch.ones(1, cfg.batch_size)
+
+    def threads(name):
+        # as a run sets them: the compiled phase on `threads` lanes with torch on one thread, the public path on
+        # torch's threads (building the compiled algorithm runs numba's parallel warm-up, which leaves the
+        # OpenMP count that torch reads at the machine's cores: set it again before every timing)
+        if name == "compiled":
+            compiled.use_threads(kernels[name], args.threads)
+        else:
+            torch.set_num_threads(args.threads)
+
+    threads("public")
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         for _ in range(20):
             kernels["public"].learn(b, w)
     flops = sum(e.flops for e in prof.key_averages()) / 20
     times = {k: [] for k in kernels}
-    for a in kernels.values():
+    for name, a in kernels.items():
+        threads(name)
         for _ in range(20):
             a.learn(b, w)
     for _ in range(args.rounds):
         for name, a in kernels.items():   # alternating
+            threads(name)
             n = 40
             t = time.perf_counter()
             for _ in range(n):
