@@ -53,9 +53,8 @@ for algo in args.algos:
     b, w = batch(1, cfg.batch_size), torch.ones(1, cfg.batch_size)
 
     def threads(name):
-        # as a run sets them: the compiled phase on `threads` lanes with torch on one thread, the public path on
-        # torch's threads (building the compiled algorithm runs numba's parallel warm-up, which leaves the
-        # OpenMP count that torch reads at the machine's cores: set it again before every timing)
+        # as a run sets them: the compiled phase on `threads` lanes with torch on one thread (use_threads), the
+        # public path on torch's threads; set before every timing, since each kernel leaves its own
         if name == "compiled":
             compiled.use_threads(kernels[name], args.threads)
         else:

@@ -848,10 +848,11 @@ _warm: dict[str, float] = {}
 
 def warm_up(name: str = "dqn") -> float:
     """Compile (or load from numba's cache) the phase of algorithm `name` before timing or training, once
-    per process; returns the seconds it took (0.0 after the first time)."""
+    per process; returns the seconds it took (0.0 after the first time). torch's thread count is kept: numba's
+    parallel regions share torch's OpenMP runtime, and their first launch sets its count to numba's."""
     if not available() or name in _warm:
         return 0.0
-    t = time.perf_counter()
+    t, torch_threads = time.perf_counter(), torch.get_num_threads()
     f = np.float32
     K, B = 1, 2
     kb, z = np.zeros((K, B), f), lambda n: np.zeros(n, f)
@@ -881,5 +882,6 @@ def warm_up(name: str = "dqn") -> float:
                    np.empty((K, B), f))
     x, ws = np.zeros((1, 2), f), np.zeros(64, f)
     _act(z(2 * 3 + 3 + 3 * 2 + 2), np.array([2, 3, 2], np.int64), x, np.zeros((1, 2), f), 0, ws, np.empty((1, 2), f))
+    torch.set_num_threads(torch_threads)
     _warm[name] = time.perf_counter() - t
     return _warm[name]
