@@ -253,12 +253,14 @@ def test_load_weights_copies_a_twin_state_and_refuses_another():
 
 def test_the_warm_up_keeps_torchs_thread_count():
     """numba's parallel regions share torch's OpenMP runtime: their first launch in a process (the warm-up's) set
-    the count torch reads to numba's, so a 1-thread learner or benchmark ran its torch ops on every core."""
+    the count torch reads to numba's, so a caller that had set torch to one thread (a benchmark, a user's script)
+    ran torch's ops on every core."""
+    import os
     import subprocess
     import sys
 
     code = ("import torch; torch.set_num_threads(1); from hetrl.algos import compiled; before = torch.get_num_threads(); "
             "compiled.warm_up('td3'); compiled.warm_up('sac'); compiled.warm_up('dqn'); print(before, torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**__import__("os").environ, "NUMBA_NUM_THREADS": "2"})
+                         env={**os.environ, "NUMBA_NUM_THREADS": "2"})
     assert out.stdout.split() == ["1", "1"]
