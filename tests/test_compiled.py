@@ -132,19 +132,23 @@ def _learn_both(fast, ref, K, seed):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, "2 row lanes"])
 @pytest.mark.parametrize("name,overrides", [("ddpg", {}), ("td3", {"policy_delay": 3}), ("sac", {}),
                                             ("sac", {"ent_coef": "0.1"}), ("td3", {"max_grad_norm": 0.0})])
 def test_actor_critic_phase_equals_public_path(name, overrides, threads):
     """Phases of 7, 1 and 5 steps (a policy delay that spans phases, importance weights, an active gradient
     clip, terminations, n-step discounts): the same priorities, parameters, targets, Adam states, step count
     (and SAC's entropy coefficient) as the autograd path, on one learner thread and on two (the batch's rows
-    split over two parallel lanes whose gradients are summed)."""
-    fast, ref = _ac_pair(name, threads, **overrides)
+    split over two parallel lanes whose gradients are summed; TD3's critic step: a lane per critic, unless
+    `critic_lanes` is off)."""
+    fast, ref = _ac_pair(name, 2 if threads == "2 row lanes" else threads, **overrides)
+    fast.critic_lanes = threads != "2 row lanes"
     for seed, K in enumerate((7, 1, 5)):
         _learn_both(fast, ref, K, seed)
     _same_state(fast, ref)
     assert fast.updates == 13
+    if name == "td3":
+        assert fast.lane_split == ("critics" if threads == 2 else "rows")
     if name == "sac":
         got, want = float(fast.log_alpha.detach()), float(ref.log_alpha.detach())
         assert got == pytest.approx(want, abs=1e-6)

@@ -238,3 +238,21 @@ def test_prioritised_n_step_replay_runs(algo):
     run = hetrl.train(algo, "Pendulum-v1", prioritized=True, n_step=3, **{**SMALL, "steps": 300})
     assert run.result["env_steps"] == 300 and run.algo.updates == run.result["gradient_steps"] > 0
     assert all(torch.isfinite(p).all() for p in run.algo.critics.parameters())
+
+
+@pytest.mark.parametrize("schedule", ["inline", "local"])
+def test_td3_publishes_its_actor_only_when_it_moved(schedule):
+    """The learner core skips publications of weights that have not changed (TD3's actor steps every policy_delay-th
+    update), on every schedule; what the actors act with is still the learner's actor, and the policy-lag figures
+    count a skipped publication's version as current."""
+    run = hetrl.train("td3", "Pendulum-v1", progress=False, schedule=schedule, evaluate_episodes=0,
+                      **{**SMALL, "policy_delay": 3})
+    c = run.schedule.c
+    assert c.gradient_steps > 30 and run.algo.policy_changes() == c.gradient_steps // 3
+    if schedule == "inline":  # a publication after every update would be one per update: one per actor step
+        assert c.params_version == c.gradient_steps // 3
+        state, _ = run.schedule.params.latest(-1)
+        for name, value in run.algo.policy_state().items():
+            assert torch.equal(state[name], value)
+    else:
+        assert 1 <= c.params_version <= c.gradient_steps // 3

@@ -49,6 +49,11 @@ class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noi
     def _critic(self) -> Critic:
         return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
 
+    def policy_changes(self) -> int:
+        """How many times the actor (the policy actors get) has moved: once every policy_delay-th update (the
+        learner core publishes only when this changed)."""
+        return self.updates // self.cfg.policy_delay
+
     # ---- learning side -----------------------------------------------------------------------
     @torch.no_grad()
     def target(self, b: dict[str, torch.Tensor]) -> torch.Tensor:

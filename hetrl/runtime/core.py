@@ -134,6 +134,7 @@ class LearnerCore:
         self.params: ParameterStore | None = None
         self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
+        self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
         self._in_flight: dict[object, int] = {}          # grant -> gradient steps of the params then
         self.max_lag = 0                                 # the schedule's bound (0: none, e.g. inline)
@@ -252,10 +253,20 @@ class LearnerCore:
         c.gradient_steps += weights.shape[0]
         c.phases += 1
         if c.gradient_steps - self._published_at >= self.publish_every:
-            self.publish()
+            self.publish(changed_only=True)
         return td
 
-    def publish(self) -> None:
+    def publish(self, changed_only: bool = False) -> None:
+        """The policy's weights to the parameter store, as the next version. `changed_only`: not when the
+        algorithm says its policy has not moved since the last publication (`policy_changes()`: TD3's actor steps
+        every policy_delay-th update): the published version is then still the learner's policy, as of now."""
+        changes = getattr(self.algo, "policy_changes", None)
+        changes = changes() if changes is not None else None
+        if changed_only and changes is not None and changes == self._changes_published:
+            self._published_at = self.c.gradient_steps
+            self._version_at[self.c.params_version] = self.c.gradient_steps
+            return
+        self._changes_published = changes
         self.c.params_version = self.params.publish(self.algo.policy_state())
         self._published_at = self.c.gradient_steps
         self._version_at[self.c.params_version] = self.c.gradient_steps
