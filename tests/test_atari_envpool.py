@@ -121,7 +121,13 @@ def test_the_planner_times_both_backends_and_the_run_takes_the_faster(tmp_path, 
     b = table.data["env_backend"]
     assert b["gymnasium_s"] > 0 and b["envpool_s"] > 0
     assert b["chosen"] == min(("gymnasium", "envpool"), key=lambda n: b[f"{n}_s"])
-    assert plan(cfg, profile=table).env_backend == b["chosen"]
+    # both timed at every width; the actors of a width were measured with the faster one there, and a plan
+    # with that many envs per actor runs it
+    assert set(b["widths"]) == set(table.data["env"])
+    for w in b["widths"].values():
+        assert w["chosen"] == min(("gymnasium", "envpool"), key=lambda n: w[f"{n}_s"])
+    p = plan(cfg, profile=table)
+    assert p.env_backend == b["widths"][str(p.plan.envs_per_actor)]["chosen"]
     pinned = run_profile(make_config("dqn", "CartPole-v1", {"env_backend": "gymnasium"}), devices=["cpu"],
                          quick=True, measure_power=False)
     assert pinned.data["env_backend"] == {"chosen": "gymnasium"}   # a backend set by hand is the one timed

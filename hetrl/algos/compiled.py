@@ -195,6 +195,18 @@ if numba is not None:
                 g[i, j] = g[i, j] if y[i, j] > 0 else np.float32(0.0)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _discounts(steps, terminated, gamma):  # pragma: no cover - compiled
+        """gamma ** n * (1 - terminated) per transition (the algorithms' `discount`), in one call: as five torch
+        ops around a phase of one step these cost ~40 us, each run cold after the phase evicted the caches."""
+        K, B = steps.shape
+        out = np.empty((K, B), np.float32)
+        g = np.float32(gamma)
+        for k in range(K):
+            for i in range(B):
+                out[k, i] = np.float32(0.0) if terminated[k, i] else g ** np.float32(steps[k, i])
+        return out
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _dqn_lane(c, nl, k, obs, action, reward, discount, weight, sizes, flat, grad, double, next_q, next_obs,
                   ws, td_out):  # pragma: no cover - compiled
         """Lane c of nl of DQN update k: the rows lo:hi of the batch on the lane's scratch `ws`, the loss's
@@ -358,8 +370,15 @@ if numba is not None:
         for p in range(target.shape[0]):
             target[p] += t * (source[p] - target[p])
 
+    @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+    def _smoothed(mu, e, smooth):  # pragma: no cover - compiled
+        """TD3's target action: clip(mu + clip(sigma e, -c, c), -1, 1) for a standard normal e, smooth = (sigma, c)
+        (DDPG: (0, 0), the target policy's own action); the eager loss's float32 operations in its order."""
+        one = np.float32(1.0)
+        return min(max(mu + min(max(e * smooth[0], -smooth[1]), smooth[1]), -one), one)
+
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _ac_lane(part, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, asizes, csizes, n_critics,
+    def _ac_lane(part, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, asizes, csizes, n_critics,
                  actor, agrad, critic, cgrad, actor_t, critic_t, ws, y, td_out):  # pragma: no cover - compiled
         """Lane c of nl of DDPG/TD3 step k: the rows lo:hi of the batch, on the lane's scratch `ws` and its own
         gradient buffers (the phase sums the lanes). part 1: the (twin-min, smoothed) target and the critics'
@@ -384,7 +403,7 @@ if numba is not None:
             mu_t = aacts[La - 1]
             for i in range(R):
                 for j in range(A):
-                    na[i, j] = min(max(mu_t[i, j] + noise[k, lo + i, j], -one), one)
+                    na[i, j] = _smoothed(mu_t[i, j], noise[k, lo + i, j], smooth)
             _cat(xn, na, x)
             for cc in range(n_critics):
                 _fwd(critic_t, cc * nc, csizes, x, cacts, 0, 0)
@@ -416,11 +435,11 @@ if numba is not None:
         _bwd(actor, agrad, 0, asizes, xo, aacts, 0, gmu, ags, True, False, 2)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
-    def _ac_phase(obs, action, reward, next_obs, discount, weight, noise, asizes, csizes, n_critics,
+    def _ac_phase(obs, action, reward, next_obs, discount, weight, noise, smooth, asizes, csizes, n_critics,
                   actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, actor_t, critic_t,
                   updates, delay, by_critic, hp, ws, lane_ag, lane_cg, y, td_out):  # pragma: no cover - compiled
-        """K steps of DDPG (n_critics 1, delay 1, noise 0) or TD3 (twin critics, smoothing noise, delay):
-        y = r + discount * min_c Q_c_t(s', clip(mu_t(s') + noise, -1, 1)); critic loss sum_c mean(w (Q_c(s, a) - y)^2);
+        """K steps of DDPG (n_critics 1, delay 1, smooth (0, 0)) or TD3 (twin critics, smoothing noise, delay):
+        y = r + discount * min_c Q_c_t(s', _smoothed(mu_t(s'), noise, smooth)); critic loss sum_c mean(w (Q_c(s, a) - y)^2);
         every delay-th step the actor loss -mean(Q_1(s, mu(s))) and the Polyak targets. The batch's rows are split
         over len(ws) parallel lanes (as _sac_phase); with `by_critic` (as many lanes as critics) the critics' step
         runs a critic per lane on the whole batch. Returns the step count."""
@@ -435,7 +454,7 @@ if numba is not None:
         for k in range(K):
             if by_critic:  # a lane per critic, each on the whole batch (see ac_phase)
                 for c in numba.prange(nl):
-                    _twin_input_rows(c, nl, k, next_obs, noise, asizes, actor_t, ws[c], xn)
+                    _twin_input_rows(c, nl, k, next_obs, noise, smooth, asizes, actor_t, ws[c], xn)
                 for c in numba.prange(nl):
                     _critic_lane(1, c, n_critics, k, obs, action, reward, discount, weight, csizes, critic, cgrad,
                                  critic_t, xn, ws[c], qt, tdc, False, cm, cv, zero5, eps, 0.0)
@@ -455,14 +474,14 @@ if numba is not None:
                     _lanes_clip_adam(critic, cgrad, lane_cg[:0], nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
             else:
                 for c in numba.prange(nl):
-                    _ac_lane(1, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, asizes, csizes,
+                    _ac_lane(1, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, asizes, csizes,
                              n_critics, actor, agrad if c == 0 else lane_ag[c - 1], critic,
                              cgrad if c == 0 else lane_cg[c - 1], actor_t, critic_t, ws[c], y, td_out)
                 _lanes_clip_adam(critic, cgrad, lane_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
             updates += 1
             if updates % delay == 0:
                 for c in numba.prange(nl):
-                    _ac_lane(2, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, asizes, csizes,
+                    _ac_lane(2, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, asizes, csizes,
                              n_critics, actor, agrad if c == 0 else lane_ag[c - 1], critic,
                              cgrad if c == 0 else lane_cg[c - 1], actor_t, critic_t, ws[c], y, td_out)
                 _lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
@@ -480,8 +499,8 @@ if numba is not None:
             _polyak(target[lo:hi], source[lo:hi], tau)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _twin_input_rows(c, nl, k, next_obs, noise, asizes, actor_t, ws, xn):  # pragma: no cover - compiled
-        """Lane c of nl: the rows lo:hi of the target critics' input (s', clip(mu_t(s') + noise, -1, 1)) into xn."""
+    def _twin_input_rows(c, nl, k, next_obs, noise, smooth, asizes, actor_t, ws, xn):  # pragma: no cover - compiled
+        """Lane c of nl: the rows lo:hi of the target critics' input (s', smoothed mu_t(s'): _smoothed) into xn."""
         K, B, do = next_obs.shape
         A = noise.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
@@ -495,7 +514,7 @@ if numba is not None:
             for j in range(do):
                 xn[lo + i, j] = s[i, j]
             for j in range(A):
-                xn[lo + i, do + j] = min(max(mu_t[i, j] + noise[k, lo + i, j], -one), one)
+                xn[lo + i, do + j] = _smoothed(mu_t[i, j], noise[k, lo + i, j], smooth)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _critic_lane(part, cc, n_critics, k, obs, action, reward, discount, weight, csizes, critic, cgrad, critic_t,
@@ -738,6 +757,12 @@ def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.numpy(), np.float32)
 
 
+def _discount_of(b: dict[str, torch.Tensor], gamma: float) -> np.ndarray:
+    """The batches' gamma ** n * (1 - terminated), (K, B) float32 (as the algorithms' eager losses)."""
+    return _discounts(np.ascontiguousarray(b["steps"].numpy()), np.ascontiguousarray(b["terminated"].numpy()),
+                      float(gamma))
+
+
 class Acting:
     """A policy network's forward as one compiled call (`_act`): acting on a CPU spends ~40 small torch ops
     per env step on a 2x256 MLP (250 us warm, ~800 us right after a learner phase has evicted the caches,
@@ -830,11 +855,11 @@ def dqn_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
     nl = _lane_threads(algo, B)
     ws, lane_g, _, _ = _lane_buffers(algo, B, nl, list(sizes), flat.shape[0])
     with torch.no_grad():
-        discount = algo.cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        discount = _discount_of(b, algo.cfg.gamma)
         target_flat = torch.cat([p.reshape(-1) for p in algo.q_target.parameters()])
         td = np.empty(tuple(b["action"].shape), np.float32)
         _dqn_mlp_phase(_f32(b["obs"]), np.ascontiguousarray(b["action"].numpy(), np.int64), _f32(b["reward"]),
-                       _f32(b["next_obs"]), _f32(discount), _f32(weights), sizes, flat, target_flat.numpy(),
+                       _f32(b["next_obs"]), discount, _f32(weights), sizes, flat, target_flat.numpy(),
                        bool(algo.cfg.double), grad, m, v, step, lr, beta1, beta2, eps, float(algo.opt.max_grad_norm),
                        ws, lane_g, td)
     return torch.from_numpy(td)
@@ -867,17 +892,16 @@ def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> t
     """The K steps of a DDPG or TD3 phase in one compiled call on the algorithm's own buffers; TD3's
     smoothing noise is drawn here from torch's RNG in the eager path's order. Returns |TD| (K, B)."""
     cfg, b, nets = algo.cfg, batches, _nets_of(algo)
-    K = weights.shape[0]
-    if algo.name == "td3":
-        noise = torch.stack([(torch.randn_like(b["action"][k]) * cfg.target_policy_noise)
-                             .clamp(-cfg.target_noise_clip, cfg.target_noise_clip) for k in range(K)])
+    K, B, A = b["action"].shape
+    if algo.name == "td3":   # standard normals, scaled and clipped in the kernel (_smoothed)
+        noise = torch.randn(K, B, A) if K == 1 else torch.stack([torch.randn(B, A) for _ in range(K)])
+        smooth = np.array([cfg.target_policy_noise, cfg.target_noise_clip], np.float32)
         n_critics, delay = 2, int(cfg.policy_delay)
     else:
-        noise, n_critics, delay = torch.zeros_like(b["action"]), 1, 1
+        noise, smooth, n_critics, delay = torch.zeros(K, B, A), np.zeros(2, np.float32), 1, 1
     (af, ag, am, av, ast), (alr, b1, b2, eps) = _adam(algo.actor_opt)
     (cf, cg, cm, cv, cst), (clr, *_) = _adam(algo.critic_opt)
     hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(cfg.tau)], np.float64)
-    B = weights.shape[1]
     nl = _lane_threads(algo, B)
     # twin critics on two lanes: a lane per critic, each on the whole batch, instead of half the batch's rows through
     # both: the same products at 256 rows instead of 128 (faster per FLOP) and a core's cache holding one critic;
@@ -887,10 +911,10 @@ def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> t
     ws, lane_ag, lane_cg, rows = _lane_buffers(algo, B, nl, [*nets["actor"], *nets["critic"]], af.shape[0], cf.shape[0],
                                                rows=B if by_critic else 0)
     with torch.no_grad():
-        discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        discount = _discount_of(b, cfg.gamma)
         td = np.empty(tuple(weights.shape), np.float32)
         algo.updates = int(_ac_phase(_f32(b["obs"]), _f32(b["action"]), _f32(b["reward"]), _f32(b["next_obs"]),
-                                     _f32(discount), _f32(weights), _f32(noise), nets["actor"], nets["critic"],
+                                     discount, _f32(weights), _f32(noise), smooth, nets["actor"], nets["critic"],
                                      n_critics, af, ag, am, av, ast, cf, cg, cm, cv, cst,
                                      algo.actor_target_flat.numpy(), algo.critic_target_flat.numpy(),
                                      int(algo.updates), delay, by_critic, hp, ws, lane_ag, lane_cg, rows[0], td))
@@ -922,9 +946,9 @@ def sac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
     nl = _lane_threads(algo, B)
     ws, lane_ag, lane_cg, rows = _lane_buffers(algo, B, nl, [*nets["actor"], *nets["critic"]], af.shape[0], cf.shape[0])
     with torch.no_grad():
-        discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+        discount = _discount_of(b, cfg.gamma)
         td = np.empty((K, B), np.float32)
-        _sac_phase(_f32(b["obs"]), _f32(b["action"]), _f32(b["reward"]), _f32(b["next_obs"]), _f32(discount),
+        _sac_phase(_f32(b["obs"]), _f32(b["action"]), _f32(b["reward"]), _f32(b["next_obs"]), discount,
                    _f32(weights), _f32(noise[:, 0]), _f32(noise[:, 1]), nets["actor"], nets["critic"],
                    af, ag, am, av, ast, cf, cg, cm, cv, cst, algo.critic_target_flat.numpy(),
                    la, galpha.numpy(), lm, lv, lst, learn_alpha, hp, ws, lane_ag, lane_cg, rows, td)
@@ -967,7 +991,7 @@ def warm_up(name: str = "dqn") -> float:
         asizes, csizes = np.array([2, 3, 1], np.int64), np.array([3, 3, 1], np.int64)
         na, nc = 2 * 3 + 3 + 3 + 1, 3 * 3 + 3 + 3 + 1
         o3, a3 = np.zeros((K, B, 2), f), np.zeros((K, B, 1), f)
-        _ac_phase(o3, a3, kb, o3, kb, kb + 1, a3, asizes, csizes, 2, z(na), z(na), z(na), z(na), z(1),
+        _ac_phase(o3, a3, kb, o3, kb, kb + 1, a3, np.zeros(2, f), asizes, csizes, 2, z(na), z(na), z(na), z(na), z(1),
                   z(2 * nc), z(2 * nc), z(2 * nc), z(2 * nc), z(1), z(na), z(2 * nc), 0, 1, False,
                   np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005]), np.zeros((1, 1000), f),
                   np.zeros((0, na), f), np.zeros((0, 2 * nc), f), z(B), np.empty((K, B), f))
@@ -980,6 +1004,7 @@ def warm_up(name: str = "dqn") -> float:
                    np.array([1e-3, 1e-3, 0.9, 0.999, 1e-8, 10.0, 0.005, -1.0, 1e-3, 0.9, 0.999, 1e-8]),
                    np.zeros((1, 1000), f), np.zeros((0, na), f), np.zeros((0, 2 * nc), f), np.zeros((3, B), f),
                    np.empty((K, B), f))
+    _discounts(np.ones((K, B), np.uint8), np.zeros((K, B), np.bool_), 0.99)
     x, ws = np.zeros((1, 2), f), np.zeros(64, f)
     _act(z(2 * 3 + 3 + 3 * 2 + 2), np.array([2, 3, 2], np.int64), x, np.zeros((1, 2), f), 0, ws, np.empty((1, 2), f))
     torch.set_num_threads(torch_threads)

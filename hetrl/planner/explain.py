@@ -48,11 +48,14 @@ def _graph(g: dict) -> str:
             + f" (fastest measured, ms/update: eager {g['eager_s'] * 1e3:.3f}, CUDA graph {g['graph_s'] * 1e3:.3f})")
 
 
-def _backend(b: dict) -> str:
-    """The env backend and why: each measured one's time per env step (profile, env_backend=auto)."""
+def _backend(b: dict, width: int) -> str:
+    """The env backend and why: each measured one's time per env step at `width` envs (profile, env_backend=auto)."""
+    at = b.get("widths", {}).get(str(width))
+    b = at or b
     chosen = b.get("chosen", "gymnasium")
     timed = [f"{n} {b[n + '_s'] * 1e6:.0f}" for n in ("gymnasium", "envpool") if f"{n}_s" in b]
-    return f"{chosen} envs" + (f" (fastest measured, us/env step: {', '.join(timed)})" if len(timed) > 1 else "")
+    where = f" at {width} env{'s' if width > 1 else ''}" if at else ""
+    return f"{chosen} envs" + (f" (fastest measured{where}, us/env step: {', '.join(timed)})" if len(timed) > 1 else "")
 
 
 def render_plan(result: PlanResult, console: Console | None = None) -> None:
@@ -76,7 +79,7 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     t.add_column()
     t.add_row("schedule", p.schedule + ("" if p.runnable else " (modelled, not runnable)"))
     t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device}); "
-              + _backend(prof.get("env_backend") or {}))
+              + _backend(prof.get("env_backend") or {}, p.envs_per_actor))
     t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}"
               + (f"; {_kernel(prof.get('fastpath') or {})}" if p.learner_device == "cpu" else
                  f"; {_graph((prof.get('cuda_graph') or {}).get(p.learner_device) or {})}"))

@@ -58,7 +58,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase, group_size  # the runtime's phase and group sizes
 
-FORMAT = "hetrl-profile/11"   # 11: the compiled phase's threads are lanes (numba threads, one BLAS thread each)
+FORMAT = "hetrl-profile/12"   # 12: the env backend chosen per width (env_backend.widths)
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 PREFETCH_MARGIN = 0.02   # the prefetch thread is chosen where its learner loop measured >= 2% faster
 QUICK_WIDTHS = (1, 2)
@@ -617,7 +617,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     bpt = int(sum(int(np.prod(s)) * np.dtype(dt).itemsize for s, dt in spec.values()))
     W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
     n_gpu = sum(d != "cpu" for d in devices)
-    count = (2 * len(W) + len(W) * len(devices) + len(Bs) * (len(T) + n_gpu) + len(devices) * 2
+    count = (3 * len(W) + len(W) * len(devices) + len(Bs) * (len(T) + n_gpu) + len(devices) * 2
              + len(devices) * (len(I) + len(S)) + (3 * len(S) + len(I)) + 2 * (1 + 3 * n_gpu) + 2
              + 2 * len(grid.get("prefetch", [])))
     budget = _Budget(budget_s, count, cap_s)
@@ -680,8 +680,9 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         # the actors below act as the run will: with the compiled kernel, through the compiled forward too
         algo_cpu = make_algorithm(cfg, obs_space, act_space, "cpu")
         explore = (lambda steps: 0.1)
-        # -- envs and actors; env_backend=auto: both backends timed on the widest vector, the faster one is
-        # measured below and run (EnvPool where it has the env, Gymnasium otherwise)
+        # -- envs and actors; env_backend=auto: both backends timed at each width, the faster one there is the one
+        # the actors of that width are measured with and a plan with that many envs per actor runs (EnvPool where
+        # it has the env, Gymnasium otherwise)
         def env_step(name: str, w: int) -> Timing:
             venv = make_vector_env(env, w, 0, name)
             acts = [venv.action_space.sample() for _ in range(64)]
@@ -691,26 +692,34 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
             finally:
                 venv.close()
 
+        # (per width: EnvPool's C++ vector hands each step to its worker threads, ~60 us at one env where a
+        # Gymnasium Pendulum step takes ~9 us; it wins from a few envs on)
         backend = "gymnasium" if cfg.env_backend == "auto" else cfg.env_backend
         data["env_backend"] = {"chosen": backend}
-        if cfg.env_backend == "auto" and envpool_supports(env):
-            for name in ("gymnasium", "envpool"):
-                say(f"env step ({name}), {max(W)} env(s)")
-                data["env_backend"][f"{name}_s"] = env_step(name, max(W)).s / max(W)
-            backend = min(("gymnasium", "envpool"), key=lambda n: data["env_backend"][f"{n}_s"])
-            data["env_backend"]["chosen"] = backend
+        both = cfg.env_backend == "auto" and envpool_supports(env)
+        at: dict[str, str] = {}
         for w in W:
-            say(f"env step, {w} env(s)")
-            data["env"][str(w)] = env_step(backend, w).to_json()
+            timed = {}
+            for name in (("gymnasium", "envpool") if both else (backend,)):
+                say(f"env step{f' ({name})' if both else ''}, {w} env(s)")
+                timed[name] = env_step(name, w)
+            at[str(w)] = min(timed, key=lambda n: timed[n].s)
+            data["env"][str(w)] = timed[at[str(w)]].to_json()
+            if both:
+                data["env_backend"].setdefault("widths", {})[str(w)] = {
+                    "chosen": at[str(w)], **{f"{n}_s": t.s / w for n, t in timed.items()}}
             say(f"actor step (env + inference + n-step), {w} env(s)")
             actor = ActorSpec(env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
-                              backend).build()
+                              at[str(w)]).build()
 
             def step_actor(actor=actor, w=w):
                 actor.collect(w, explore)
                 actor.episodes.clear()
             data["act"][str(w)] = measure(step_actor, cap_s=budget.cap(), **cpu).to_json()
             actor.close()
+        if both:   # the preset's width (the widest without one) for plans made without a width: its backend
+            top = data["env_backend"]["widths"][str(cfg.num_envs if str(cfg.num_envs) in at else max(W))]
+            data["env_backend"].update(top)
         # -- inference
         for dev in devices:
             data["infer"][dev] = {}

@@ -303,8 +303,10 @@ class PlanResult:
 
     @property
     def env_backend(self) -> str:
-        """The env backend the profile measured (and chose, for env_backend=auto): gymnasium or envpool."""
-        return self.profile.get("env_backend", {}).get("chosen", "gymnasium")
+        """The env backend the profile measured (and chose, for env_backend=auto, at the plan's envs per actor):
+        gymnasium or envpool."""
+        b = self.profile.get("env_backend", {})
+        return b.get("widths", {}).get(str(self.plan.envs_per_actor), b).get("chosen", "gymnasium")
 
     @property
     def predicted_env_steps_per_s(self) -> float:
