@@ -113,3 +113,27 @@ def test_ddpg_fast_path_matches_autograd():
     for name in ("actor", "critic", "actor_target", "critic_target"):
         for p, q in zip(getattr(fast, name).parameters(), getattr(ref, name).parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_dqn_acting_runs_the_network_only_for_the_envs_that_act_greedily():
+    """Epsilon-greedy: the coin comes first and the Q-network sees only the greedy envs' observations (none at
+    epsilon 1, as SB3 skips its forward); the greedy envs get the argmax, the others uniform actions."""
+    cfg = make_config("dqn", "CartPole-v1", {"net_arch": [16]})
+    algo = make_algorithm(cfg, gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
+    policy = algo.make_policy(seed=0)
+    seen = []
+    policy.net.register_forward_hook(lambda m, inp, out: seen.append(len(inp[0])))
+    obs = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)
+    a, stored = policy.act(obs, 1.0)
+    assert seen == [] and a is stored and a.dtype == np.int64 and set(a) == {0, 1, 2}
+    greedy = policy.act_deterministic(obs)
+    seen.clear()
+    state = policy.rng.bit_generator.state
+    a, _ = policy.act(obs, 0.5)
+    policy.rng.bit_generator.state = state
+    rand = policy.rng.random(64) < 0.5
+    assert 0 < rand.sum() < 64 and seen == [int((~rand).sum())]
+    np.testing.assert_array_equal(a[~rand], greedy[~rand])
+    seen.clear()
+    np.testing.assert_array_equal(policy.act(obs, 0.0)[0], greedy)
+    assert seen == [64]

@@ -76,9 +76,12 @@ class DQNPolicy:
         n = len(obs)
         if explore is None:  # warm-up: uniform random actions
             a = self.rng.integers(0, self.n_actions, n)
-        else:
-            a = self.act_deterministic(obs)
-            rand = self.rng.random(n) < explore
+        else:  # epsilon-greedy; the network runs only on the envs that act greedily (early in a run, few or
+            rand = self.rng.random(n) < explore   # none: a CNN forward is ~0.6 ms a step on a CPU, as SB3 skips it)
+            a = np.empty(n, np.int64)
+            if not rand.all():
+                greedy = ~rand
+                a[greedy] = self.act_deterministic(obs if greedy.all() else obs[greedy])
             if rand.any():
                 a[rand] = self.rng.integers(0, self.n_actions, int(rand.sum()))
         return a, a
