@@ -509,7 +509,7 @@ if numba is not None:
         aacts = [_mat(ws, pos, hi - lo, asizes[l + 1]) for l in range(La)]
         s = next_obs[k, lo:hi]
         _fwd(actor_t, 0, asizes, s, aacts, 0, 2)
-        mu_t, one = aacts[La - 1], np.float32(1.0)
+        mu_t = aacts[La - 1]
         for i in range(hi - lo):
             for j in range(do):
                 xn[lo + i, j] = s[i, j]

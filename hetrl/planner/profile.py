@@ -692,8 +692,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
             finally:
                 venv.close()
 
-        # (per width: EnvPool's C++ vector hands each step to its worker threads, ~60 us at one env where a
-        # Gymnasium Pendulum step takes ~9 us; it wins from a few envs on)
+        # (per width: EnvPool's C++ vector hands each step to its worker threads, which at one or two cheap envs
+        # costs more than Gymnasium's step in Python and less from a few envs on)
         backend = "gymnasium" if cfg.env_backend == "auto" else cfg.env_backend
         data["env_backend"] = {"chosen": backend}
         both = cfg.env_backend == "auto" and envpool_supports(env)
