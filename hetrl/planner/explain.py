@@ -8,7 +8,7 @@ from rich.table import Table
 
 from hetrl.planner.model import Prediction
 from hetrl.planner.profile import ProfileTable
-from hetrl.planner.search import PlanResult
+from hetrl.planner.search import PlanResult, backend_at
 
 
 def _est(pred: Prediction) -> str:
@@ -50,11 +50,10 @@ def _graph(g: dict) -> str:
 
 def _backend(b: dict, width: int) -> str:
     """The env backend and why: each measured one's time per env step at `width` envs (profile, env_backend=auto)."""
-    at = b.get("widths", {}).get(str(width))
-    b = at or b
-    chosen = b.get("chosen", "gymnasium")
-    timed = [f"{n} {b[n + '_s'] * 1e6:.0f}" for n in ("gymnasium", "envpool") if f"{n}_s" in b]
-    where = f" at {width} env{'s' if width > 1 else ''}" if at else ""
+    at = backend_at(b, width)
+    chosen = at.get("chosen", "gymnasium")
+    timed = [f"{n} {at[n + '_s'] * 1e6:.0f}" for n in ("gymnasium", "envpool") if f"{n}_s" in at]
+    where = f" at {width} env{'s' if width > 1 else ''}" if at is not b else ""
     return f"{chosen} envs" + (f" (fastest measured{where}, us/env step: {', '.join(timed)})" if len(timed) > 1 else "")
 
 

@@ -248,6 +248,12 @@ def distinct(ranked: list[Prediction], objective: str, top: int, same_within: fl
     return out
 
 
+def backend_at(backend: dict, width: int) -> dict:
+    """The profile's env-backend timings and choice at `width` envs (profile format 12: `widths`), or its
+    single choice where the profile timed one width only (a backend set by hand)."""
+    return backend.get("widths", {}).get(str(width), backend)
+
+
 @dataclass
 class PlanResult:
     plan: Plan
@@ -305,8 +311,7 @@ class PlanResult:
     def env_backend(self) -> str:
         """The env backend the profile measured (and chose, for env_backend=auto, at the plan's envs per actor):
         gymnasium or envpool."""
-        b = self.profile.get("env_backend", {})
-        return b.get("widths", {}).get(str(self.plan.envs_per_actor), b).get("chosen", "gymnasium")
+        return backend_at(self.profile.get("env_backend") or {}, self.plan.envs_per_actor).get("chosen", "gymnasium")
 
     @property
     def predicted_env_steps_per_s(self) -> float:
