@@ -199,6 +199,7 @@ def test_training_with_the_compiled_phase(tmp_path):
                       learning_starts=1000, eval_episodes=2, threads=1)
     assert run.cfg.compiled and run.result["gradient_steps"] >= 1000 and (tmp_path / "checkpoint.pt").exists()
     assert run.result["learner_kernel"] == "compiled"
+    assert run.result["sgemm"] in ("openblas", "mkl")   # the GEMM its products ran on (algos/sgemm.py)
 
 
 @pytest.mark.parametrize("name", ["dqn", "ddpg", "td3", "sac"])

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hetrl.algos import sgemm
 from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN
 
 try:  # numba is a dependency
@@ -44,7 +45,7 @@ except ImportError:  # pragma: no cover - reported by available()
 
 
 def available() -> bool:
-    """Whether numba, and the scipy whose BLAS numba's np.dot calls, are importable here."""
+    """Whether numba, and scipy (whose OpenBLAS is one of the GEMMs sgemm.py chooses from), are importable here."""
     if numba is None:
         return False
     try:
@@ -113,6 +114,49 @@ def attach(algo) -> None:
 
 
 if numba is not None:
+    @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+    def _major(x):  # pragma: no cover - compiled
+        """How BLAS can read the float32 matrix x: (0, ld) row-major with leading dimension ld, (1, ld)
+        column-major (a transposed view), (-1, 0) neither."""
+        r, c = x.shape
+        s0, s1 = x.strides[0] // 4, x.strides[1] // 4
+        if (c == 1 or s1 == 1) and (r == 1 or s0 >= c):
+            return 0, max(s0 if r > 1 else c, 1)
+        if (r == 1 or s0 == 1) and (c == 1 or s1 >= r):
+            return 1, max(s1 if c > 1 else r, 1)
+        return -1, 0
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _dot(a, b, out):  # pragma: no cover - compiled
+        """out = a @ b (float32, 2-D; a and b row-major or transposed views, out row-major): np.dot(a, b, out) on
+        the GEMM sgemm.bind() chose, on one thread. Row-major C = A B is BLAS's column-major C^T = B^T A^T."""
+        m, k = a.shape
+        n = b.shape[1]
+        if b.shape[0] != k or out.shape[0] != m or out.shape[1] != n:
+            raise ValueError("_dot: shapes do not match")
+        if m == 0 or n == 0:
+            return
+        if k == 0:
+            out[:] = 0
+            return
+        ma, lda = _major(a)
+        mb, ldb = _major(b)
+        mc, ldc = _major(out)
+        if ma < 0 or mb < 0 or mc != 0:
+            raise ValueError("_dot: an operand BLAS cannot read in place (out must be row-major)")
+        ii = np.empty(6, np.int32)
+        ii[0], ii[1], ii[2], ii[3], ii[4], ii[5] = n, m, k, ldb, lda, ldc
+        ff = np.empty(2, np.float32)
+        ff[0], ff[1] = 1.0, 0.0
+        tt = np.empty(2, np.uint8)
+        tt[0] = 78 if mb == 0 else 84   # 'N' / 'T'
+        tt[1] = 78 if ma == 0 else 84
+        prev = sgemm.BLAS_LOCAL(1)
+        sgemm.SGEMM(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
+                    ii[2:].ctypes.data, ff[0:].ctypes.data, b.ctypes.data, ii[3:].ctypes.data, a.ctypes.data,
+                    ii[4:].ctypes.data, ff[1:].ctypes.data, out.ctypes.data, ii[5:].ctypes.data)
+        sgemm.BLAS_LOCAL(prev)
+
     @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
     def _sum_sq(x):  # pragma: no cover - compiled
         s = np.float32(0.0)
@@ -291,9 +335,9 @@ if numba is not None:
             o += fo * fi + fo
             a = acts[base + l]
             if l == 0:
-                np.dot(x, W.T, a)
+                _dot(x, W.T, a)
             else:
-                np.dot(acts[base + l - 1], W.T, a)
+                _dot(acts[base + l - 1], W.T, a)
             act = 1 if l < L - 1 else out_act
             for i in range(a.shape[0]):
                 for j in range(fo):
@@ -327,16 +371,16 @@ if numba is not None:
                 dW = grad[offs[l]:offs[l] + fo * fi].reshape((fo, fi))
                 db = grad[offs[l] + fo * fi:offs[l] + fo * fi + fo]
                 if l == 0:
-                    np.dot(g.T, x, dW)
+                    _dot(g.T, x, dW)
                 else:
-                    np.dot(g.T, acts[base + l - 1], dW)
+                    _dot(g.T, acts[base + l - 1], dW)
                 db[:] = 0
                 for i in range(g.shape[0]):
                     for j in range(fo):
                         db[j] += g[i, j]
             if l > 0 or input_grad:
                 gp = gs[l]
-                np.dot(g, flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi)), gp)
+                _dot(g, flat[offs[l]:offs[l] + fo * fi].reshape((fo, fi)), gp)
                 if l > 0:
                     _relu_grad(gp, acts[base + l - 1])
                 g = gp
@@ -563,8 +607,8 @@ if numba is not None:
         _fwd(actor, 0, asizes, x, acts, 0, 1)
         h = acts[La - 1]
         o = _nparams(asizes)
-        np.dot(h, actor[o:o + A * H].reshape((A, H)).T, mean)
-        np.dot(h, actor[o + A * H + A:o + 2 * A * H + A].reshape((A, H)).T, lsr)
+        _dot(h, actor[o:o + A * H].reshape((A, H)).T, mean)
+        _dot(h, actor[o + A * H + A:o + 2 * A * H + A].reshape((A, H)).T, lsr)
         half_log_2pi, log2 = np.float32(0.5 * np.log(2 * np.pi)), np.float32(np.log(2.0))
         for i in range(B):
             s = np.float32(0.0)
@@ -656,8 +700,8 @@ if numba is not None:
                 inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
                 dls[i, j] = (du * np.exp(r) * eps_pi[k, lo + i, j] - alpha / Bf) if inside else np.float32(0.0)
         h = aacts[La - 1]
-        np.dot(dmean.T, h, agrad[ob:ob + A * H].reshape((A, H)))
-        np.dot(dls.T, h, agrad[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)))
+        _dot(dmean.T, h, agrad[ob:ob + A * H].reshape((A, H)))
+        _dot(dls.T, h, agrad[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)))
         for j in range(A):
             sm, sl = np.float32(0.0), np.float32(0.0)
             for i in range(R):
@@ -665,8 +709,8 @@ if numba is not None:
                 sl += dls[i, j]
             agrad[ob + A * H + j] = sm
             agrad[ob + 2 * A * H + A + j] = sl
-        np.dot(dmean, actor[ob:ob + A * H].reshape((A, H)), dh)
-        np.dot(dls, actor[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)), dh2)
+        _dot(dmean, actor[ob:ob + A * H].reshape((A, H)), dh)
+        _dot(dls, actor[ob + A * H + A:ob + 2 * A * H + A].reshape((A, H)), dh2)
         for i in range(R):
             for j in range(H):
                 dh[i, j] += dh2[i, j]
@@ -748,6 +792,7 @@ def use_threads(algo, n: int) -> None:
 def _lane_threads(algo, B: int) -> int:
     """A lane-parallel phase: its lanes on numba's threads (set for the calling thread), one BLAS thread each."""
     nl = lanes(algo, B)
+    sgemm.bind()
     _limit_blas(1)
     numba.set_num_threads(nl)
     return nl
@@ -797,6 +842,8 @@ class Acting:
         """Q values (kind q), mu(s) (mu) or SAC's tanh(mean + std eps) (sac; eps None: tanh(mean)), (B, out)."""
         if self._flat is None:
             from hetrl.algos.nets import flatten
+
+            sgemm.bind()
 
             self._flat = flatten(self.net)
         x = np.ascontiguousarray(obs, np.float32).reshape(len(obs), -1)
@@ -977,6 +1024,7 @@ def warm_up(name: str = "dqn") -> float:
     if not available() or name in _warm:
         return 0.0
     t, torch_threads = time.perf_counter(), torch.get_num_threads()
+    sgemm.bind()   # (timing the GEMMs is part of the warm-up's seconds)
     f = np.float32
     K, B = 1, 2
     kb, z = np.zeros((K, B), f), lambda n: np.zeros(n, f)

@@ -37,7 +37,13 @@ def _kernel(k: dict) -> str:
     names = {"public": "public torch path", "fast": "hand-derived fast path", "compiled": "compiled phase (numba)"}
     chosen = k.get("kernel", "fast" if k.get("chosen") else "public")
     timed = [f"{n} {k[n + '_s'] * 1e3:.2f}" for n in names if f"{n}_s" in k]
-    return names[chosen] + (f" (fastest measured, ms/update: {', '.join(timed)})" if len(timed) > 1 else "")
+    out = names[chosen] + (f" (fastest measured, ms/update: {', '.join(timed)})" if len(timed) > 1 else "")
+    g = k.get("sgemm") or {}
+    if chosen == "compiled" and g.get("chosen"):
+        probes = [f"{n} {g[n + '_s'] * 1e3:.1f}" for n in ("openblas", "mkl") if f"{n}_s" in g]
+        out += f", its matrix products on {g['chosen']}" + (f" (faster here, ms per probe: {', '.join(probes)})"
+                                                             if len(probes) > 1 else "")
+    return out
 
 
 def _graph(g: dict) -> str:

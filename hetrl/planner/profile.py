@@ -675,6 +675,10 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 best = min(per_step, key=per_step.get)
                 data["fastpath"] = {**{f"{n}_s": s for n, s in per_step.items()}, "kernel": best,
                                     "chosen": best == "fast"}
+                if "compiled" in per_step:   # the GEMM its products ran on (algos/sgemm.py)
+                    from hetrl.algos import sgemm
+
+                    data["fastpath"]["sgemm"] = sgemm.report()
         kernel = data["fastpath"].get("kernel", "public")
         cfg = replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
         # the actors below act as the run will: with the compiled kernel, through the compiled forward too

@@ -29,7 +29,7 @@ import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec, prepare_env
-from hetrl.algos import compiled, graphed, make_algorithm, replay_spec
+from hetrl.algos import compiled, graphed, make_algorithm, replay_spec, sgemm
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
@@ -314,7 +314,9 @@ class LearnerCore:
                "learner_kernel": ("compiled" if getattr(self.algo, "compiled_phase", False) else
                                   "cuda_graph" if self.graphed is not None and self.graphed.graphs else
                                   "fast" if getattr(self.algo, "fast", None) else "public"),
-               "compile_s": getattr(self.algo, "compile_s", 0.0) + (self.graphed.capture_s if self.graphed else 0.0)}
+               "compile_s": getattr(self.algo, "compile_s", 0.0) + (self.graphed.capture_s if self.graphed else 0.0),
+               # the GEMM the compiled kernels call (algos/sgemm.py: the faster of OpenBLAS and MKL here)
+               "sgemm": sgemm.chosen() if getattr(self.algo, "compiled_phase", False) else None}
         out.update(peak_memory(self.device))
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
