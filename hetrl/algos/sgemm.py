@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import numpy as np
 ENV = "HETRL_SGEMM"
 CHOICES = ("openblas", "mkl")
 _bound: dict[str, object] = {}
+_lock = threading.Lock()   # a learner thread and an acting thread may both ask first
 
 try:  # numba is a dependency; compiled.available() reports its absence
     import numba
@@ -107,6 +109,13 @@ def time_gemm(sgemm: int, local: int, shapes=((64, 256, 256), (256, 256, 256)), 
 
 def bind() -> str:
     """Bind `hetrl_sgemm` to the faster GEMM here (or the one HETRL_SGEMM names), once per process; its name."""
+    if "name" in _bound:
+        return _bound["name"]
+    with _lock:
+        return _bind_once()
+
+
+def _bind_once() -> str:
     if "name" in _bound:
         return _bound["name"]
     have = candidates()
