@@ -72,7 +72,7 @@ def test_dot_refuses_what_blas_cannot_read_and_mismatched_shapes():
 def test_time_gemm_runs_each_candidate():
     """time_gemm runs each candidate's products (what bind() compares) and returns their time."""
     for g, loc in sgemm.candidates().values():
-        assert 0 < sgemm.time_gemm(g, loc, shapes=((8, 16, 8),), reps=2, rounds=1) < 5
+        assert sgemm.time_gemm(g, loc, shapes=((8, 16, 8),), reps=2, rounds=1) > 0
 
 
 def test_hetrl_plan_says_which_gemm_the_compiled_phase_uses():

@@ -2,8 +2,9 @@
 
 Every hetrl install has two single-precision GEMMs: scipy's OpenBLAS (what numba's np.dot calls) and, in
 torch's x86 CPU library, Intel MKL's `sgemm_` (exported with `MKL_Set_Num_Threads_Local`; the lower-case
-`mkl_set_num_threads_local` there is the Fortran entry, which takes a pointer). Which is faster depends on the CPU: on an Intel Xeon with AVX-512 (2026-11-25) MKL ran a 256x400x300 product at 175-195 GFLOP/s
-on one thread against OpenBLAS's 166-170, and the compiled DQN CartPole update took 16-21% less time, DDPG's,
+`mkl_set_num_threads_local` there is the Fortran entry, which takes a pointer). Which is faster depends on
+the CPU: on an Intel Xeon with AVX-512 (2026-11-25) MKL ran a 256x400x300 product at 175-195 GFLOP/s on
+one thread against OpenBLAS's 166-170, and the compiled DQN CartPole update took 16-21% less time, DDPG's,
 TD3's and SAC's 7-20% less; on other CPUs (AMD's among them, where MKL may not take its fast paths) OpenBLAS may
 lead. So `bind()` times both once per process on the products of a small MLP update (one thread each, ~20 ms)
 and binds the faster under the symbol `hetrl_sgemm`, which compiled._dot calls: a symbol resolved by name when
@@ -29,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 ENV = "HETRL_SGEMM"
-CHOICES = ("openblas", "mkl")
 _bound: dict[str, object] = {}
 _lock = threading.Lock()   # a learner thread and an acting thread may both ask first
 
@@ -72,13 +72,13 @@ def candidates() -> dict[str, tuple[int, int]]:
     return out
 
 
-def time_gemm(sgemm: int, local: int, shapes=((64, 256, 256), (256, 256, 256)), reps: int = 10,
+def time_gemm(gemm: int, local: int, shapes=((64, 256, 256), (256, 256, 256)), reps: int = 10,
               rounds: int = 3) -> float:
     """Seconds for `reps` row-major products of each shape (the best of `rounds`), on one thread."""
     from threadpoolctl import threadpool_limits
 
     P = ctypes.c_void_p
-    f = _fn(sgemm, None, *([P] * 13))
+    f = _fn(gemm, None, *([P] * 13))
     set_local = _fn(local, ctypes.c_int, ctypes.c_int)
     rng = np.random.default_rng(0)
     total = 0.0
