@@ -1,12 +1,12 @@
-"""The learner's phase replayed as one CUDA graph (`torch.cuda.CUDAGraph`, public API).
+"""The CUDA-graph kernel: the learner's phase replayed as one CUDA graph (`torch.cuda.CUDAGraph`, public API).
 
 A small MLP update on a GPU is launch-bound: tens of kernels of a few microseconds each, with Python
 between them. Captured once, the whole `algo.learn(batches, weights)` call (the K gradient steps of a
 phase: targets, losses, backward, gradient clip, Adam, Polyak targets) is replayed by one call. The
 same algorithm object and the same code run: nothing of the math is written here.
 
-    learner = GraphedLearner(algo)          # algo on a CUDA device; `cuda_graph=true` (the planner's)
-    td = learner.learn(batches, weights)    # == algo.learn(batches, weights), replayed
+    kernel = CudaGraphKernel(algo)          # algo on a CUDA device; learner_kernel=cuda_graph (or auto)
+    td = kernel.learn(batches, weights)     # == algo.learn(batches, weights), replayed
 
 How it stays equal to the eager path:
 - the inputs are copied into static buffers the graph reads; one graph per input shape (a phase's
@@ -17,11 +17,12 @@ How it stays equal to the eager path:
   twice and no buffer the graph reads is replaced; the optimizers become `capturable` (their step
   counts live on the GPU);
 - Python-side state of `learn` (the `updates` counter) advances per replay by what one call adds;
-  TD3 decides its delayed actor step from that counter in Python, so a TD3 graph is captured only
-  for phases of a multiple of `policy_delay` steps (the pattern inside then repeats every call);
-  other phases run eager;
-- the compiled CPU phase (compiled.py) is a CPU kernel: never captured.
-Tested against eager on a GPU by `benchmarks/gpu_check.py` (the same parameters after N phases).
+  an algorithm whose control flow depends on that counter (TD3's delayed actor step) says after how
+  many steps it repeats (`graph_period()`), and only phases of a multiple of it are captured; other
+  phases run eager;
+- random draws inside the graph (TD3's smoothing noise, SAC's actions) come from torch's CUDA
+  generator: a replay from generator state S draws what an eager call from S draws, which is how
+  hetrl/kernels/select.py checks a graph equal to the eager update before choosing it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import time
 
 import torch
 from torch import nn
+
+from hetrl.kernels.kernel import Kernel
 
 
 def optimizers(algo) -> list[torch.optim.Optimizer]:
@@ -93,16 +96,16 @@ def restore(algo, saved: tuple[list, int, set[int]]) -> None:
 
 
 def fits(algo, steps: int) -> bool:
-    """Whether a phase of `steps` gradient steps replays as captured: TD3's delayed actor step is decided
-    in Python from the step counter, so its phases must span whole multiples of policy_delay."""
-    delay = getattr(getattr(algo, "cfg", None), "policy_delay", 1) if getattr(algo, "name", "") == "td3" else 1
-    return steps % max(1, delay) == 0
+    """Whether a phase of `steps` gradient steps replays as captured: whole multiples of the algorithm's
+    graph_period() (its Python-side control flow repeats after that many steps)."""
+    period = algo.graph_period() if hasattr(algo, "graph_period") else 1
+    return steps % max(1, int(period)) == 0
 
 
 def applies(algo, steps: int) -> bool:
     """Whether a phase of `steps` gradient steps of `algo` can be captured and replayed as it is: a
-    learner on a CUDA device, not the compiled CPU phase, a phase that `fits`."""
-    if getattr(algo, "device", torch.device("cpu")).type != "cuda" or getattr(algo, "compiled_phase", False):
+    learner on a CUDA device, a phase that `fits`."""
+    if getattr(algo, "device", torch.device("cpu")).type != "cuda":
         return False
     return fits(algo, steps)
 
@@ -143,21 +146,47 @@ class _Graph:
         return self.out.clone()
 
 
-class GraphedLearner:
+class CudaGraphKernel(Kernel):
     """`learn` as the algorithm's, replayed from CUDA graphs where `applies`; eager otherwise."""
 
-    def __init__(self, algo, max_graphs: int = 4):
-        self.algo, self.max_graphs = algo, max_graphs
-        self.graphs: dict[tuple, _Graph] = {}
-        self.capture_s = 0.0   # time spent capturing (reported with compile_s)
+    name = "cuda_graph"
 
-    def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    def __init__(self, algo, max_graphs: int = 4, **options):
+        super().__init__(algo)
+        self.max_graphs = max_graphs
+        self.graphs: dict[tuple, _Graph] = {}
+
+    @classmethod
+    def check(cls, algo) -> str | None:
+        device = getattr(algo, "device", torch.device("cpu"))
+        if device.type != "cuda":
+            return f"the CUDA-graph kernel replays a GPU learner; this one is on {device}"
+        return None
+
+    @property
+    def capture_s(self) -> float:
+        return self.compile_s
+
+    def _graph(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> "_Graph | None":
         key = (tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batches.items())), tuple(weights.shape))
         graph = self.graphs.get(key)
         if graph is None:
             if len(self.graphs) >= self.max_graphs or not applies(self.algo, int(weights.shape[0])):
-                return self.algo.learn(batches, weights)
+                return None
             t = time.perf_counter()
             graph = self.graphs[key] = _Graph(self.algo, batches, weights)
-            self.capture_s += time.perf_counter() - t
+            self.compile_s += time.perf_counter() - t
+        return graph
+
+    def prepare(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> None:
+        """Capture the graph of this shape now (the learner's state is left as it was)."""
+        self._graph(batches, weights)
+
+    def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+        graph = self._graph(batches, weights)
+        if graph is None:
+            return self.algo.learn(batches, weights)
         return graph(batches, weights)
+
+    def figures(self) -> dict:
+        return {"cuda_graphs": len(self.graphs)}

@@ -1,28 +1,28 @@
-"""The CUDA-graph learner (hetrl/algos/graphed.py): what is not CUDA-specific runs here on the CPU
+"""The CUDA-graph kernel (hetrl/kernels/cuda_graph.py): what is not CUDA-specific runs here on the CPU
 (the state a capture must put back, which phases replay as captured, the settings); the capture
 and its equality to eager on a GPU: `-m gpu` below and benchmarks/gpu_check.py."""
 
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 
-from hetrl.algos import graphed, make_algorithm, replay_spec
+from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import make_config
 from hetrl.errors import UsageError
-from hetrl.planner.profile import synthetic_batch
+from hetrl.kernels import check_equal, cuda_graph as graphed, synthetic_batch
 
 ENVS = {"dqn": "CartPole-v1", "ddpg": "Pendulum-v1", "td3": "Pendulum-v1", "sac": "Pendulum-v1"}
 
 
 def build(algo: str, device: str = "cpu", **settings):
     env = gym.make(ENVS[algo])
-    cfg = make_config(algo, ENVS[algo], {"net_arch": [32, 32], "batch_size": 16, "policy_delay": 2, **settings})
+    delay = {"policy_delay": 2} if algo == "td3" else {}
+    cfg = make_config(algo, ENVS[algo], {"net_arch": [32, 32], "batch_size": 16, **delay, **settings})
     torch.manual_seed(0)
     a = make_algorithm(cfg, env.observation_space, env.action_space, device)
-    return a, replay_spec(env.observation_space, env.action_space), env.action_space
+    return a, replay_spec(cfg, env.observation_space, env.action_space), env.action_space
 
 
 def params(algo) -> list[torch.Tensor]:
@@ -70,48 +70,44 @@ def test_owned_tensors_are_what_a_learn_call_writes():
 
 
 def test_which_phases_replay_as_captured():
+    """Whole multiples of the algorithm's graph_period() (TD3: policy_delay, decided in Python), on a GPU only."""
     td3, _, _ = build("td3", policy_delay=3)
+    assert td3.graph_period() == 3
     assert graphed.fits(td3, 3) and graphed.fits(td3, 6) and not graphed.fits(td3, 4)
     dqn, _, _ = build("dqn")
     assert graphed.fits(dqn, 1) and graphed.fits(dqn, 7)
     assert not graphed.applies(dqn, 1)   # a CPU learner is never captured
-    compiled, _, _ = build("dqn", compiled=True)
-    assert not graphed.applies(compiled, 1)
 
 
-def test_a_graphed_learner_on_the_cpu_is_the_eager_learner():
-    """Off a GPU the wrapper captures nothing and returns exactly what the algorithm's learn returns."""
+def test_the_kernel_declines_a_cpu_learner_and_runs_it_eager():
+    """Off a GPU the kernel says why it does not apply (so it is never chosen there), and if built anyway it
+    captures nothing and returns exactly what the algorithm's learn returns."""
     a, spec, space = build("ddpg")
     b, _, _ = build("ddpg")
-    g = graphed.GraphedLearner(a)
+    assert "GPU learner" in graphed.CudaGraphKernel.check(a)
+    g = graphed.CudaGraphKernel(a)
     batch, w = synthetic_batch(spec, space, 16, 2, "cpu")
-    assert torch.equal(g.learn(batch, w), b.learn(batch, w)) and not g.graphs and g.capture_s == 0.0
+    assert torch.equal(g.learn(batch, w), b.learn(batch, w)) and not g.graphs and g.compile_s == 0.0
 
 
 def test_cuda_graph_on_a_cpu_learner_is_one_line():
-    with pytest.raises(UsageError, match="cuda_graph=true .* device=cpu; set --set device=cuda"):
-        make_config("dqn", "CartPole-v1", {"cuda_graph": True, "device": "cpu"})
+    with pytest.raises(UsageError, match="learner_kernel=cuda_graph .* device=cpu; set --set device=cuda"):
+        make_config("dqn", "CartPole-v1", {"learner_kernel": "cuda_graph", "device": "cpu"})
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["dqn", "ddpg", "td3"])
+@pytest.mark.parametrize("name", ["dqn", "ddpg", "td3", "sac"])
 def test_replayed_phases_equal_eager_on_the_gpu(name):
-    """Phases replayed from a CUDA graph give the parameters the eager phases give (DQN, DDPG: no random
-    draws; TD3 over whole policy_delay multiples, its smoothing noise drawn inside the graph is another
-    stream of numbers, so only the shapes of the result are compared there)."""
-    a, spec, space = build(name, "cuda")
-    b, _, _ = build(name, "cuda")
-    g = graphed.GraphedLearner(a)
-    rng = np.random.default_rng(0)
-    for i in range(4):
-        torch.manual_seed(int(rng.integers(1 << 30)))
-        batch, w = synthetic_batch(spec, space, 16, 2, "cuda")
-        got, want = g.learn(batch, w), b.learn(batch, w)
-        assert got.shape == want.shape
-        if name != "td3":
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    assert g.graphs and a.updates == b.updates
-    if name != "td3":
-        for p, q in zip(params(a), params(b)):
-            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    """Phases replayed from a CUDA graph give the |TD|, parameters and optimizer state the eager phases give,
+    random draws included (TD3's smoothing noise, SAC's actions): a replay from the generator's state draws
+    what an eager call from that state draws. This is the check kernels.select runs before choosing it."""
+    env = gym.make(ENVS[name])
+    cfg = make_config(name, ENVS[name], {"net_arch": [32, 32], "batch_size": 16,
+                                         **({"policy_delay": 2} if name == "td3" else {})})
+    spec = replay_spec(cfg, env.observation_space, env.action_space)
+    g = torch.Generator().manual_seed(0)
+    phases = [synthetic_batch(spec, env.action_space, 16, 2, "cuda", g)[0] for _ in range(3)]
+    ok, detail = check_equal(lambda: make_algorithm(cfg, env.observation_space, env.action_space, "cuda"),
+                             graphed.CudaGraphKernel, phases, torch.ones(2, 16, device="cuda"))
+    assert ok, detail
