@@ -75,6 +75,8 @@ class Config:
     n_step: int = 1
     # learning
     net_arch: list[int] = field(default_factory=lambda: [256, 256])
+    qf_arch: list[int] = field(default_factory=list)   # the critics' hidden layers where they differ ([]: net_arch;
+                                                        # SB3's net_arch=dict(pi=..., qf=...))
     activation: str = "relu"            # relu | tanh | elu: the hidden layers' activation (SB3's activation_fn)
     layer_norm: bool = False            # a LayerNorm after each hidden layer's Linear, before its activation
     lr: float = 1e-3
@@ -106,7 +108,7 @@ class Config:
 
     # settings that change network shapes or the learner's program (the members of a population share
     # them; an algorithm adds its own with `shape_settings`) and when it acts and learns
-    SHAPE_SETTINGS: ClassVar[tuple[str, ...]] = ("net_arch", "activation", "layer_norm", "frame_stack", "n_step",
+    SHAPE_SETTINGS: ClassVar[tuple[str, ...]] = ("net_arch", "qf_arch", "activation", "layer_norm", "frame_stack", "n_step",
                                                  "batch_size", "buffer_size", "prioritized", "replay_frames",
                                                  "atari_screen_size")
     SCHEDULE_SETTINGS: ClassVar[tuple[str, ...]] = ("steps", "num_envs", "learning_starts", "train_freq",

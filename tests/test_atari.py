@@ -267,13 +267,13 @@ def test_channels_last_rgb_and_too_small_images():
 def test_continuous_algorithms_refuse_atari():
     import gymnasium as gym
 
-    from hetrl.algos import check_spaces
+    from hetrl import registry
 
     for algo in ("ddpg", "td3", "sac"):
         with pytest.raises(UsageError, match="discrete"):
-            check_spaces(algo, _pixels(), gym.spaces.Discrete(4))
+            registry.get(algo).check_spaces(_pixels(), gym.spaces.Discrete(4))
         with pytest.raises(UsageError, match="images"):
-            check_spaces(algo, _pixels(), gym.spaces.Box(-1, 1, (2,)))
+            registry.get(algo).check_spaces(_pixels(), gym.spaces.Box(-1, 1, (2,)))
 
 
 # ---- the preset ------------------------------------------------------------------------------------------

@@ -126,7 +126,8 @@ class NoisyActing(Algorithm):
                      self.cfg.activation, self.cfg.layer_norm)
 
     def _critic(self) -> Critic:
-        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape),
+        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.qf_arch or self.cfg.net_arch,
+                      len(self.obs_shape),
                       self.cfg.activation, self.cfg.layer_norm)
 
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DDPGPolicy:
