@@ -104,6 +104,13 @@ class PopulationSchedule:
         # eager ops on small networks hold it most of the time, and a loop is then faster
         self.parallel = self.lanes > 1 and all(getattr(core.kernel, "releases_gil", False) for core in self.cores)
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="hetrl-member") if self.parallel else None
+        # on a GPU with the CUDA-graph kernel: every member's phase replayed from one graph, the members as parallel
+        # branches (the GPU runs their small kernels side by side)
+        self.graph = None
+        if len(cfgs) > 1 and all(core.kernel.name == "cuda_graph" for core in self.cores):
+            from hetrl.kernels.cuda_graph import MembersGraph
+
+            self.graph = MembersGraph([core.algo for core in self.cores])
         self.actor: Actor | None = None
         self.stale = False
         self._episodes: list[list] = [[] for _ in cfgs]
@@ -174,7 +181,9 @@ class PopulationSchedule:
                     core.insert(self.replays[m], {k: v[rows] for k, v in batch.items()}, actor=m)
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
             owed.append(self._owed(core, self.replays[m], steps))
-        if self._pool is not None and sum(1 for k in owed if k) > 1:
+        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized:
+            self._learn_together(owed[0])
+        elif self._pool is not None and sum(1 for k in owed if k) > 1:
             list(self._pool.map(self._learn, range(M), owed))
         else:
             for m, k in enumerate(owed):
@@ -215,6 +224,22 @@ class PopulationSchedule:
             if cfg.prioritized:
                 replay.update_priorities(keys, td.view(-1))
             core.c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+
+    def _learn_together(self, n: int) -> None:
+        """n gradient steps of every member, replayed from one CUDA graph with a branch per member."""
+        B, M = self.cfgs[0].batch_size, self.size
+        t0 = time.perf_counter()
+        stacks, weights = [], []
+        for core, replay in zip(self.cores, self.replays):
+            batch, _, w = replay.sample(n * B, beta=core.beta())
+            stacks.append({name: v.view(n, B, *v.shape[1:]) for name, v in batch.items()})
+            weights.append(w.view(n, B))
+        t1 = time.perf_counter()
+        tds = self.graph.learn(stacks, weights)
+        dt = (time.perf_counter() - t1) / M
+        for core, td in zip(self.cores, tds):
+            core.learned(td, n, dt)
+            core.c.replay_s += (t1 - t0) / M
 
     def done(self) -> bool:
         return self.c.env_steps >= self.cfgs[0].steps
