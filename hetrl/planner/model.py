@@ -33,9 +33,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
               C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
               l x (1 + (SPIN - 1) rho) when t > 1 and N + t > P: a multi-threaded learner whose
               OpenMP threads share cores with actor processes waits at its barriers for a thread
-              that a busy actor displaced (4.6x slower next to a spinning process in a
-              microbenchmark here; SPIN = 2 fits the benchmarked runs, whose actors block and
-              wake); rho = min(1, X a), the cores the actors keep busy (from a first pass)
+              that a busy actor displaced (about 4x slower next to a process that spins on the
+              same core; SPIN = 2 fits runs whose actors block and wake, as hetrl's do);
+              rho = min(1, X a), the cores the actors keep busy (from a first pass)
     P = the machine's cores; C may be fewer, a fraction even: the cores that are ours on a machine
     shared with other programs (see load.py); inline then also gets X <= C / (a + mc) when C < t
 

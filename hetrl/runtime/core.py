@@ -65,7 +65,8 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 def setup_process(seed: int, threads: int) -> None:
     """Seed, torch threads, and flushed denormals: Adam's moments of parameters whose gradients
-    went to zero (dead ReLUs) decay into denormal floats, which make CPU arithmetic ~5x slower."""
+    went to zero (dead ReLUs) decay into denormal floats, which the CPU handles in microcode (arithmetic on
+    them is several times slower)."""
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, threads))
     torch.set_flush_denormal(True)

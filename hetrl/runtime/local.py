@@ -12,7 +12,7 @@
   when its env steps may be inserted, the learner samples only what the rule allows, and the
   waiting side blocks on a pipe. Nobody spins.
 
-Life cycle: actors come from a preloaded forkserver (~10 ms each); a dead actor is replaced
+Life cycle: actors come from a preloaded forkserver (a fork, no imports); a dead actor is replaced
 (core.Restarts); an actor's error is raised here with its traceback; if this process is killed,
 the actors exit too (lifeline pipe, PR_SET_PDEATHSIG) and the nameless shared memory is freed.
 docs/local.md has the details and the measurements.
@@ -48,8 +48,8 @@ PRELOAD = ["hetrl.runtime.local_actor", "hetrl.actors", "gymnasium"]
 
 
 def _context(warm: bool = False, preload: tuple[str, ...] = ()):
-    """The multiprocessing context for actors: forkserver (preloaded, ~10 ms per actor) where
-    available, else spawn.  `warm` starts the forkserver now, so its imports run while this
+    """The multiprocessing context for actors: forkserver (preloaded: a new actor is a fork, it imports
+    nothing) where available, else spawn.  `warm` starts the forkserver now, so its imports run while this
     process builds the learner; `preload`: more modules it imports (the algorithm's, whose acting
     policy the actors unpickle)."""
     method = os.environ.get("HETRL_START_METHOD", "forkserver")

@@ -64,7 +64,7 @@ def connect(cfg: Config):
             ray.init(address=cfg.ray_address, **kw)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot connect to the Ray cluster at {cfg.ray_address!r}: {e}; start one with "
-                             "`ray start --head` (README: Ray) or drop --address to start a local one") from None
+                             "`ray start --head` (docs/ray.md) or drop --address to start a local one") from None
     else:  # a new Ray of its own, even where `ray start` left a cluster on this machine (use --address auto for it)
         ray.init(address="local", num_cpus=os.cpu_count() or 1, **kw)
         _started = True
@@ -393,9 +393,6 @@ class RaySchedule(Schedule):
             if said:
                 return kind(said.group(1).strip())
         return HetrlError(f"a Ray actor failed {where}: {e}")
-
-    def actor_handles(self) -> list:
-        return [s.handle for s in self.slots]
 
     def _stop_actors(self) -> None:
         import ray
