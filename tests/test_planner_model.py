@@ -7,8 +7,8 @@ import pytest
 from hetrl.config import Config, make_config
 from hetrl.errors import UsageError
 from hetrl.planner import Plan, Workload, plan, predict
-from hetrl.planner.profile import synthetic_table
 from hetrl.planner.search import SCHEMA, parse_pins, search
+from synthetic_profiles import synthetic_table
 
 BOTH = ("inline", "local")
 # CartPole-like workload: 0.5 gradient steps per env step, batches of 64
