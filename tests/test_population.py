@@ -104,3 +104,20 @@ def test_members_differ_only_in_what_a_sweep_may_change():
     assert {"net_arch", "policy_delay", "train_freq", "schedule", "seed"} <= fixed and "lr" not in fixed
     with pytest.raises(UsageError, match="policy_delay"):
         hetrl.train("td3", "Pendulum-v1", seeds=2, sweep={"policy_delay": [1, 2]}, **{**TINY, "net_arch": [8]})
+
+
+@pytest.mark.parametrize("schedule", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_member_groups_train_as_processes_or_ray_tasks(tmp_path, schedule):
+    """--schedule local / ray: one group per core, each a process (a Ray task), a member never split; every
+    member's run directory reaches OUT and the population's report is written as for one process."""
+    if schedule == "ray":
+        pytest.importorskip("ray")
+    out = tmp_path / "pop"
+    run = hetrl.train("dqn", "CartPole-v1", seeds=2, out=out, schedule=schedule, learner_kernel="public",
+                      **dict(TINY, steps=400, learning_starts=200, eval_interval=200))
+    assert sorted(sum(run.result["population"]["groups"], [])) == ["seed0", "seed1"]
+    assert len(run.result["population"]["groups"]) == 2
+    for name in ("seed0", "seed1"):
+        res = json.loads((out / "members" / name / "result.json").read_text())
+        assert res["env_steps"] == 400 and (out / "members" / name / "checkpoint.pt").is_file()
+    assert run.result["aggregate"]["rows"][0]["runs"] == 2
