@@ -67,7 +67,7 @@ def names_used(module: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("module", sorted(set().union(*SCHEDULES.values())))
+@pytest.mark.parametrize("module", sorted(set().union(*SCHEDULES.values(), {"population"})))
 def test_no_schedule_computes_the_replay_ratio_or_the_restart_policy(module):
     assert names_used(module) & POLICY_NAMES == set(), module
 

@@ -264,7 +264,7 @@ def test_rate_limiter_holds_the_ratio_under_a_slow_learner(local):
         time.sleep(0.003 * weights.shape[0])
         return learn(stack, weights)
 
-    s.core.kernel.learn = slow_learn  # what the learner core calls (the chosen kernel)
+    s.core.kernel.learn = slow_learn
     try:
         run_phases(s)
         check_trace(s)
