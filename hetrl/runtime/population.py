@@ -12,11 +12,14 @@ clock: a member's wall time is the population's.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from hetrl.actors import Actor
 from hetrl.actors.envs import EnvSpec
@@ -26,22 +29,103 @@ from hetrl.runtime.core import Counters, LearnerCore, Schedule
 from hetrl.runtime.params import InProcessParameterStore
 
 
+class StackedForward:
+    """One call of the members' policy networks for all their envs, their weights stacked (torch.func: the
+    network's own forward, vmapped over the members); None where the network does not vmap (it is then called
+    member by member)."""
+
+    def __init__(self, nets: list[torch.nn.Module]):
+        from torch.func import functional_call, stack_module_state, vmap
+
+        self.nets = nets
+        self.params, self.buffers = stack_module_state(nets)
+        base = copy.deepcopy(nets[0]).to("meta")
+        self.call = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))
+
+    @classmethod
+    def of(cls, nets: list) -> "StackedForward | None":
+        if len(nets) < 2 or not all(isinstance(n, torch.nn.Module) and type(n) is type(nets[0]) for n in nets):
+            return None
+        try:
+            return cls(nets)
+        except Exception:   # a network torch.func cannot stack: member by member
+            return None
+
+    @torch.no_grad()
+    def refresh(self, m: int) -> None:
+        """Member m's network changed (new weights from the parameter store)."""
+        for name, t in self.nets[m].named_parameters():
+            self.params[name][m].copy_(t)
+        for name, t in self.nets[m].named_buffers():
+            self.buffers[name][m].copy_(t)
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor):
+        return self.call(self.params, self.buffers, x)
+
+
+@contextlib.contextmanager
+def _precomputed(net: torch.nn.Module, obs: np.ndarray, out):
+    """`net`'s forward answers with `out`, the outputs the stacked call computed for the rows of `obs` (a policy
+    may ask for some of them only: DQN's greedy envs)."""
+    rows = {obs[i].tobytes(): i for i in range(len(obs))}
+
+    def forward(x):
+        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        if len(x) == len(obs) and np.array_equal(x, obs):
+            return out
+        idx = torch.as_tensor([rows[r.astype(obs.dtype).tobytes()] for r in x], dtype=torch.long)
+        return tuple(o[idx] for o in out) if isinstance(out, tuple) else out[idx]
+
+    net.forward = forward
+    try:
+        yield
+    finally:
+        del net.forward
+
+
 class StackedPolicy:
     """The acting policies of a population's members side by side: member m acts for envs m*n .. m*n+n-1, with
-    its own exploration value (`explore` is a list, one per member) and its own RNG."""
+    its own exploration value (`explore` is a list, one per member) and its own RNG; their networks answer in one
+    stacked call (StackedForward) where that applies, each member's policy logic then taking its rows."""
 
     def __init__(self, policies: list, envs: int):
         self.policies, self.n = policies, envs
+        nets = [getattr(p, "net", None) for p in policies]
+        self.stacked = StackedForward.of(nets) if all(nets) else None
 
     def _slices(self):
         return ((m, p, slice(m * self.n, (m + 1) * self.n)) for m, p in enumerate(self.policies))
 
+    def _outputs(self, obs: np.ndarray):
+        if self.stacked is None:
+            return None
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        try:
+            return self.stacked(x.reshape(len(self.policies), self.n, *x.shape[1:]))
+        except Exception:   # the network's forward does not vmap (e.g. a layout change): member by member
+            self.stacked = None
+            return None
+
     def act(self, obs: np.ndarray, explore: list) -> tuple[np.ndarray, np.ndarray]:
-        outs = [p.act(obs[s], explore[m]) for m, p, s in self._slices()]
-        return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
+        out = self._outputs(obs) if any(e is not None for e in explore) else None   # warm-up: random actions
+        acts = []
+        for m, p, s in self._slices():
+            if out is None:
+                acts.append(p.act(obs[s], explore[m]))
+                continue
+            with _precomputed(p.net, np.asarray(obs[s], dtype=np.float32),
+                              tuple(o[m] for o in out) if isinstance(out, tuple) else out[m]):
+                acts.append(p.act(obs[s], explore[m]))
+        return np.concatenate([a[0] for a in acts]), np.concatenate([a[1] for a in acts])
 
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
         return np.concatenate([p.act_deterministic(obs[s]) for _, p, s in self._slices()])
+
+    def load_member(self, m: int, state: dict) -> None:
+        self.policies[m].load(state)
+        if self.stacked is not None:
+            self.stacked.refresh(m)
 
     def episode_end(self, done: np.ndarray) -> None:
         for _, p, s in self._slices():
@@ -139,7 +223,7 @@ class PopulationSchedule:
             self._load(m, *self.params[m].latest(-1))
 
     def _load(self, m: int, state: dict, version: int) -> None:
-        self.actor.policy.policies[m].load(state)
+        self.actor.policy.load_member(m, state)
         self.versions[m] = version
 
     # ---- the protocol, one phase of every member ------------------------------------------------------
