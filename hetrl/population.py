@@ -414,12 +414,15 @@ def _run_processes(jobs: list, env, out: Path, lanes: int, save_replay: bool, ev
 def _run_ray(jobs: list, env, out: Path, lanes: int, save_replay: bool, evaluate_episodes, cfg: Config) -> list[dict]:
     import ray
 
-    from hetrl.runtime.ray_schedule import connect
+    from hetrl.runtime.ray_schedule import connect, disconnect
 
     connect(cfg)
-    task = ray.remote(num_cpus=max(1, lanes))(_group_main)
-    refs = [task.remote(*job, env, str(out), lanes, save_replay, evaluate_episodes, True) for job in jobs]
-    results = ray.get(refs)
+    try:
+        task = ray.remote(num_cpus=max(1, lanes))(_group_main)
+        refs = [task.remote(*job, env, str(out), lanes, save_replay, evaluate_episodes, True) for job in jobs]
+        results = ray.get(refs)
+    finally:
+        disconnect()   # a Ray this run started (a cluster or the caller's Ray is left running)
     for r in results:   # every member's files, wherever its task ran
         for rel, data in r["files"].items():
             p = out / rel

@@ -104,3 +104,51 @@ def test_members_differ_only_in_what_a_sweep_may_change():
     assert {"net_arch", "policy_delay", "train_freq", "schedule", "seed"} <= fixed and "lr" not in fixed
     with pytest.raises(UsageError, match="policy_delay"):
         hetrl.train("td3", "Pendulum-v1", seeds=2, sweep={"policy_delay": [1, 2]}, **{**TINY, "net_arch": [8]})
+
+
+@pytest.mark.parametrize("schedule", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_member_groups_train_as_processes_or_ray_tasks(tmp_path, schedule):
+    """--schedule local / ray: one group per core, each a process (a Ray task), a member never split; every
+    member's run directory reaches OUT and the population's report is written as for one process."""
+    if schedule == "ray":
+        pytest.importorskip("ray")
+    out = tmp_path / "pop"
+    run = hetrl.train("dqn", "CartPole-v1", seeds=2, out=out, schedule=schedule, learner_kernel="public",
+                      **dict(TINY, steps=400, learning_starts=200, eval_interval=200))
+    assert sorted(sum(run.result["population"]["groups"], [])) == ["seed0", "seed1"]
+    assert len(run.result["population"]["groups"]) == 2
+    for name in ("seed0", "seed1"):
+        res = json.loads((out / "members" / name / "result.json").read_text())
+        assert res["env_steps"] == 400 and (out / "members" / name / "checkpoint.pt").is_file()
+    assert run.result["aggregate"]["rows"][0]["runs"] == 2
+
+
+def test_a_signal_saves_every_member_and_each_resumes(tmp_path):
+    """SIGTERM (or Ctrl-C) stops a population at the end of a phase with every member saved; the population
+    resumes as a whole, and a member's directory resumes as a run of its own."""
+    import os
+    import signal
+    import threading
+
+    from hetrl.population import PopulationRun, make_members
+
+    settings = {k: v for k, v in TINY.items() if k not in ("plan", "progress")}
+    members = make_members("dqn", "CartPole-v1", {**settings, "steps": 10**6, "learner_kernel": "public"}, [0, 1], {})
+    out = tmp_path / "pop"
+    run = PopulationRun(members, "CartPole-v1", out)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        run.learn(progress=False)
+    finally:
+        timer.cancel()
+    assert run.interrupted == "SIGTERM"
+    done = run.runs[0].env_steps
+    assert 0 < done < 10**6 and all(r.env_steps == done for r in run.runs)
+    for m in members:
+        ckpt = torch.load(out / "members" / m.name / "checkpoint.pt", weights_only=True)
+        assert ckpt["counters"]["env_steps"] == done
+    both = hetrl.resume(out, steps=done + 200, progress=False, evaluate_episodes=0)
+    assert [r.env_steps for r in both.runs] == [done + 200] * 2
+    alone = hetrl.resume(out / "members" / "seed1", steps=done + 400, progress=False, evaluate_episodes=0)
+    assert alone.result["env_steps"] == done + 400 and alone.result["seed"] == 1
