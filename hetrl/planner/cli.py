@@ -100,7 +100,7 @@ def register(subparsers) -> None:
     q = subparsers.add_parser("plan", help="show the best placement for ALGO on an env, with predicted figures",
                               description="Pick the plan (schedule, actors, envs per actor, devices, threads) "
                                           "with the best predicted throughput or efficiency; see docs/planner.md.")
-    q.add_argument("algo", nargs="?", help="dqn, ddpg, td3 or sac")
+    q.add_argument("algo", nargs="?", help="a registered algorithm (`hetrl algorithms`)")
     q.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1")
     q.add_argument("--objective", choices=OBJECTIVES, default="throughput",
                    help="throughput: env steps/s at the preset's settings (replay ratio, envs); efficiency: env "

@@ -71,6 +71,8 @@ def _slug(s: str) -> str:
 
 def network_key(cfg) -> str:
     key = "x".join(str(h) for h in cfg.net_arch)
+    if cfg.qf_arch:   # critics of their own width: another learner to time
+        key += "-qf" + "x".join(str(h) for h in cfg.qf_arch)
     key += f"-stack{cfg.frame_stack}" if cfg.frame_stack > 1 else ""   # another input (and CNN) shape
     key += f"-{cfg.activation}" if cfg.activation != "relu" else ""
     key += "-ln" if cfg.layer_norm else ""
@@ -868,7 +870,7 @@ def load_or_profile(cfg, refresh: bool = False, quick: bool = False, progress: C
 
 
 # --- synthetic tables (tests, what-if questions) -----------------------------------------------
-def synthetic_table(*, algo: str = "dqn", env: str = "Synthetic-v0", cores: int = 2, gpus: tuple[str, ...] = (),
+def synthetic_table(*, algo: str = "synthetic", env: str = "Synthetic-v0", cores: int = 2, gpus: tuple[str, ...] = (),
                     widths: tuple[int, ...] = DEFAULT_WIDTHS, env_step_s: float = 50e-6,
                     act_overhead_s: float = 30e-6, infer_s: dict | None = None,
                     learn_s: dict | None = None, batch_size: int = 64, rm_s: float = 10e-6,
