@@ -134,7 +134,7 @@ def local_ray():
         ray.shutdown()
     # Ray workers import the docs example's module by name: this folder on their path (Ray adds the driver script's
     # folder and the current one by itself: pytest's are neither)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning",
              job_config=ray.job_config.JobConfig(code_search_path=[str(Path(__file__).parent)]))
     yield ray
     ray.shutdown()

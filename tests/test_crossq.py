@@ -234,8 +234,8 @@ def test_discrete_actions_are_refused():
 
 @pytest.mark.slow
 def test_learns_pendulum_on_a_small_budget():
-    """CrossQ's Pendulum preset (critics [256, 256], policy_delay 2, batch 256) on fewer env steps than its 20k;
-    the full budget on seeds 0-2 is in docs/extending.md. A random policy scores about -1200."""
-    run = hetrl.train("crossq", "Pendulum-v1", steps=5000, eval_episodes=5, threads=1, seed=0, plan="none",
-                      progress=False)
+    """Small networks and batches, a high learning rate, 3k env steps (seed 0 passes -130 by 2k here); the preset's
+    20k on seeds 0-2 is in docs/extending.md. A random policy scores about -1200."""
+    run = hetrl.train("crossq", "Pendulum-v1", steps=3000, learning_starts=500, net_arch=[64, 64], qf_arch=[64, 64],
+                      batch_size=64, lr=3e-3, eval_episodes=5, threads=1, seed=0, plan="none", progress=False)
     assert run.result["eval_return_mean"] > -400

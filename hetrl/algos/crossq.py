@@ -73,6 +73,7 @@ class CrossQConfig(Config):
     train_freq: int = 1
     gradient_steps: int = 1
     max_grad_norm: float = 0.0              # no gradient clip (SBX has none)
+    tau: float = 1.0                        # unused: CrossQ has no target networks
     qf_arch: list[int] = field(default_factory=lambda: [1024, 1024])   # the critics' hidden layers (SBX's;
                                                                        # the paper's are 2048 wide)
     policy_delay: int = 3                   # critic steps per actor (and alpha) step, counted over the run
