@@ -188,15 +188,20 @@ class Actor(nn.Module):
         return self.mean(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor, train: bool = False,
-               eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a = tanh(u), log pi(a|s)) for u = mean + std * eps, eps ~ N(0, 1) (torch's RNG) unless given;
-        log(1 - tanh(u)**2) by the stable identity 2 (log 2 - u - softplus(-2u))."""
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, log pi(a|s)) with eps ~ N(0, 1) drawn from `generator` (the learner's)."""
         mean, log_std = self(obs, train)
-        eps = torch.randn_like(mean) if eps is None else eps
-        u = mean + log_std.exp() * eps
-        log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-        return torch.tanh(u), log_prob
+        return squash(mean, log_std, torch.randn(mean.shape, generator=generator, device=mean.device,
+                                                 dtype=mean.dtype))
+
+
+def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a = tanh(u), log pi(a|s)) for u = mean + std * eps; log(1 - tanh(u)**2) by the stable identity
+    2 (log 2 - u - softplus(-2u))."""
+    u = mean + log_std.exp() * eps
+    log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), log_prob
 
 
 class CrossQPolicy:
@@ -225,8 +230,8 @@ class CrossQPolicy:
             a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
         else:
             eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
-            a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device),
-                                   eps=torch.from_numpy(eps).to(self.device))
+            mean, log_std = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+            a, _ = squash(mean, log_std, torch.from_numpy(eps).to(self.device))
             a = a.cpu().numpy()
         return self.scale(a), a
 
@@ -307,7 +312,7 @@ class CrossQ(Algorithm):
             b, w = {key: v[k] for key, v in batches.items()}, weights[k]
             alpha = self.log_alpha.detach().exp()
             with torch.no_grad():
-                next_a, next_logp = self.actor.sample(b["next_obs"])
+                next_a, next_logp = self.actor.sample(b["next_obs"], generator=self.rng)
             # one pass of each critic over [(s, a); (s', a')]: the batch statistics of both halves
             obs, act = torch.cat([b["obs"], b["next_obs"]]), torch.cat([b["action"], next_a])
             v1, next_v1 = q1(obs, act, train=True).chunk(2)
@@ -319,7 +324,7 @@ class CrossQ(Algorithm):
             self.critic_opt.step(0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean())
             self.updates += 1
             if self.updates % cfg.policy_delay == 0:
-                a, logp = self.actor.sample(b["obs"], train=True)
+                a, logp = self.actor.sample(b["obs"], train=True, generator=self.rng)
                 self.actor_opt.step((alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean())
                 if self.alpha_opt is not None:
                     self.alpha_opt.zero_grad()
