@@ -257,21 +257,22 @@ class PopulationSchedule:
         steps = (actor.env_steps - start) // M
         member = batch.pop("env", None) if batch is not None else None   # (a population of one has no groups)
         member = member // n if member is not None else np.zeros(len(batch["obs"]) if batch else 0, np.int64)
-        owed = []
         for m, core in enumerate(self.cores):
             if batch is not None:
                 rows = member == m
                 if rows.any():
                     core.insert(self.replays[m], {k: v[rows] for k, v in batch.items()}, actor=m)
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
-            owed.append(self._owed(core, self.replays[m], steps))
+        # what each member's learner core allows now (its inline run's replay ratio)
+        owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
         if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized:
             self._learn_together(owed[0])
         elif self._pool is not None and sum(1 for k in owed if k) > 1:
-            list(self._pool.map(self._learn, range(M), owed))
+            list(self._pool.map(self._learn, [m for m, k in enumerate(owed) if k]))
         else:
             for m, k in enumerate(owed):
-                self._learn(m, k)
+                if k:
+                    self._learn(m)
         for m in range(M):
             new = self.params[m].latest(self.versions[m])
             if new is not None:
@@ -280,33 +281,22 @@ class PopulationSchedule:
         for (ret, length), m in zip(actor.drain_episodes(), envs):
             self._episodes[m].append((ret, length))
 
-    @staticmethod
-    def _owed(core: LearnerCore, replay, steps: int) -> int:
-        """Gradient steps member `core` owes after `steps` more env steps (its inline run's replay ratio)."""
-        cfg, c = core.cfg, core.c
-        if c.env_steps < cfg.learning_starts or len(replay) < cfg.batch_size:
-            return 0
-        c.grad_debt += steps * (cfg.replay_ratio if cfg.gradient_steps > 0 else 1.0)
-        k = int(c.grad_debt)
-        c.grad_debt -= k
-        return k
-
-    def _learn(self, m: int, n: int) -> None:
-        """n gradient steps of member m, as its inline run takes them (uniform: one gather; prioritized: one
-        batch at a time, each sample seeing the newest priorities)."""
-        if not n:
-            return
+    def _learn(self, m: int) -> None:
+        """The gradient steps member m's learner core allows, as its inline run takes them (uniform: one gather;
+        prioritized: as many batches at a time as the priority lag allows, exact PER: one)."""
         core, replay, cfg = self.cores[m], self.replays[m], self.cfgs[m]
         B = cfg.batch_size
-        for k in ([n] if not cfg.prioritized else [1] * n):
+        while k := core.ratio.allowed(len(replay)):
             t0 = time.perf_counter()
             batch, keys, weights = replay.sample(k * B, beta=core.beta())
+            core.ratio.drawn(k)
             stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
             t1 = time.perf_counter()
             td = core.learn(stack, weights.view(k, B))
             t2 = time.perf_counter()
             if cfg.prioritized:
                 replay.update_priorities(keys, td.view(-1))
+            core.ratio.written(k)
             core.c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
 
     def _learn_together(self, n: int) -> None:
@@ -316,6 +306,7 @@ class PopulationSchedule:
         stacks, weights = [], []
         for core, replay in zip(self.cores, self.replays):
             batch, _, w = replay.sample(n * B, beta=core.beta())
+            core.ratio.drawn(n)
             stacks.append({name: v.view(n, B, *v.shape[1:]) for name, v in batch.items()})
             weights.append(w.view(n, B))
         t1 = time.perf_counter()
