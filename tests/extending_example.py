@@ -18,4 +18,4 @@ def example_source() -> str:
     return found[0]
 
 
-exec(compile(example_source(), str(DOC), "exec", dont_inherit=True), globals())   # defines CDQ, EpsilonGreedy...; registers "cdq"
+exec(compile(example_source(), str(DOC), "exec", dont_inherit=True), globals())   # defines TwinQ, EpsilonGreedy...; registers "twinq"

@@ -1,5 +1,5 @@
 """The algorithm protocol's contract (hetrl/algorithm.py, docs/extending.md), checked on every registered
-algorithm: the built-ins, CrossQ, any later one, and docs/extending.md's example ("cdq", registered by
+algorithm: the built-ins, CrossQ, any later one, and docs/extending.md's example ("twinq", registered by
 tests/extending_example.py from the doc's own code) — each on a small env it takes and a tiny network:
 learn, act, pickle, the state round trip, checkpoint/resume, every schedule, loading. Then what a user's
 algorithm gets with no line of hetrl changed (evaluation, the planner, an entry point found by `hetrl train`),
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-import extending_example  # noqa: F401  (docs/extending.md's example: registers "cdq")
+import extending_example  # noqa: F401  (docs/extending.md's example: registers "twinq")
 import hetrl
 from hetrl import registry
 from hetrl.algos import make_algorithm, replay_spec
@@ -63,7 +63,7 @@ def in_space(space: gym.Space, actions) -> bool:
 
 
 def test_the_built_ins_and_the_docs_example_are_registered():
-    assert {"dqn", "ddpg", "td3", "sac", "crossq", "cdq"} <= set(ALGOS)
+    assert {"dqn", "ddpg", "td3", "sac", "crossq", "twinq"} <= set(ALGOS)
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -152,11 +152,11 @@ def test_trains_under_ray(name, local_ray, tmp_path):
 
 # ---- a user's algorithm: docs/extending.md's example -----------------------------------------------------
 def test_the_docs_example_trains_inline_and_local_is_evaluated_and_resumes(tmp_path):
-    out = tmp_path / "cdq"
-    run = hetrl.train("cdq", "CartPole-v1", steps=400, seed=1, out=out, plan="none", progress=False,
+    out = tmp_path / "twinq"
+    run = hetrl.train("twinq", "CartPole-v1", steps=400, seed=1, out=out, plan="none", progress=False,
                       schedule="local", actors=1, **{**TINY, "eval_episodes": 2})
     assert run.result["schedule"] == "local" and "eval_return_mean" in run.result
-    assert json.loads((out / "result.json").read_text())["algo"] == "cdq"
+    assert json.loads((out / "result.json").read_text())["algo"] == "twinq"
     run = hetrl.resume(out, steps=600, progress=False, evaluate_episodes=2, schedule="inline")
     assert run.result["env_steps"] == 600 and run.result["schedule"] == "inline"
     assert run.evaluate(episodes=2)["eval_return_mean"] > 0
@@ -165,11 +165,11 @@ def test_the_docs_example_trains_inline_and_local_is_evaluated_and_resumes(tmp_p
 
 def test_an_algorithm_defined_in_a_script_runs_under_the_local_schedule(tmp_path):
     """Actor processes import the user's script (as for an env factory defined there) to unpickle its policy."""
-    script = tmp_path / "train_cdq.py"
+    script = tmp_path / "train_twinq.py"
     script.write_text(extending_example.example_source() + textwrap.dedent('''
 
         if __name__ == "__main__":
-            run = hetrl.train("cdq", "CartPole-v1", steps=300, plan="none", progress=False, schedule="local",
+            run = hetrl.train("twinq", "CartPole-v1", steps=300, plan="none", progress=False, schedule="local",
                               actors=1, learning_starts=100, train_freq=50, gradient_steps=5, eval_episodes=0,
                               threads=1, learner_kernel="public")
             print("trained", run.result["env_steps"], run.result["schedule"])
@@ -184,14 +184,14 @@ def test_the_planner_profiles_and_plans_a_users_algorithm(tmp_path, monkeypatch)
     from hetrl.planner import plan
     from hetrl.planner.profile import run_profile
 
-    cfg = make_config("cdq", "CartPole-v1", TINY)
+    cfg = make_config("twinq", "CartPole-v1", TINY)
     table = run_profile(cfg, devices=["cpu"], quick=True, measure_power=False, ipc=False)
-    assert table.data["key"]["algo"] == "cdq"
+    assert table.data["key"]["algo"] == "twinq"
     assert table.data["learner_kernel"]["cpu"]["name"] == "public"       # no compiled head for it: the public one
     result = plan(cfg, profile=table)
     assert result.plan.schedule in ("inline", "local") and result.predicted_env_steps_per_s > 0
     new = result.apply(cfg)
-    assert new.algo == "cdq" and new.net_arch == cfg.net_arch
+    assert new.algo == "twinq" and new.net_arch == cfg.net_arch
 
 
 def test_an_entry_point_is_found_by_hetrl_train(tmp_path):
@@ -202,9 +202,9 @@ def test_an_entry_point_is_found_by_hetrl_train(tmp_path):
     (site / "tinyalgo-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tinyalgo\nVersion: 0.1\n")
     (site / "tinyalgo-0.1.dist-info" / "entry_points.txt").write_text("[hetrl.algorithms]\ntinyq = tinyalgo:TinyQ\n")
     (site / "tinyalgo.py").write_text(textwrap.dedent('''
-        from extending_example import CDQ
+        from extending_example import TwinQ
 
-        class TinyQ(CDQ):
+        class TinyQ(TwinQ):
             """A user's package's algorithm (docs/extending.md's example, renamed)."""
             presets = {"default": {"net_arch": [16], "learning_starts": 100, "train_freq": 50, "gradient_steps": 5}}
     '''))
@@ -226,7 +226,7 @@ def test_hetrl_algorithms_lists_crossq_and_the_users(capsys):
     assert main(["algorithms"]) == 0
     lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()}
     assert "continuous" in lines["crossq"] and "hetrl" in lines["crossq"] and "CrossQ" in lines["crossq"]
-    assert "discrete" in lines["cdq"] and "register_algorithm" in lines["cdq"]
+    assert "discrete" in lines["twinq"] and "register_algorithm" in lines["twinq"]
 
 
 # ---- nothing outside an algorithm's own file names a built-in ----------------------------------------------
