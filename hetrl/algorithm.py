@@ -81,17 +81,18 @@ def _kind(space_cls: type) -> str:
     return {gym.spaces.Discrete: "discrete", gym.spaces.Box: "continuous (Box)"}.get(space_cls, space_cls.__name__)
 
 
-def _takers(act_space: gym.Space) -> str:
-    """The registered algorithms that act in spaces like `act_space` (for an error message)."""
+def _takers(act_space: gym.Space | None = None, pixels: bool = False) -> str:
+    """The registered algorithms that act in spaces like `act_space` (or that take pixels), for an error message."""
     from hetrl import registry
 
     names = []
     for n in registry.names():
         try:
-            if isinstance(act_space, registry.get(n).action_spaces):
-                names.append(n)
+            cls = registry.get(n)
         except UsageError:   # a broken entry point of another package: not this message's business
             continue
+        if (isinstance(act_space, cls.action_spaces) if act_space is not None else True) and (cls.pixels or not pixels):
+            names.append(n)
     return ", ".join(names) if names else "an algorithm of your own (docs/extending.md)"
 
 
@@ -144,7 +145,8 @@ class Algorithm:
                              "wrap it with gymnasium.wrappers.ClipAction/RescaleAction")
         if is_image(obs_space) and not cls.pixels:
             raise UsageError(f"{name} takes vector observations; this env's are images {obs_space.shape}: choose "
-                             "an algorithm that takes pixels (dqn), or flatten them with a wrapper")
+                             f"an algorithm that takes pixels ({_takers(act_space, pixels=True)}), or flatten them "
+                             "with a wrapper")
 
     @classmethod
     def replay_fields(cls, obs_space: gym.Space, act_space: gym.Space) -> dict:

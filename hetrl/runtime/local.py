@@ -189,7 +189,7 @@ class LocalSchedule(Schedule):
         proc = ctx.Process(target=actor_main, args=(args, ctrl_r, data_w, life_r), daemon=True,
                            name=f"hetrl-actor-{h.index}")
         try:
-            with _main_not_reimported(self.env):
+            with _main_not_reimported(self.env, self.core.algo):
                 proc.start()
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             for c in (ctrl_r, ctrl_w, data_r, data_w, life_r, life_w):
@@ -375,8 +375,9 @@ class LocalSchedule(Schedule):
                 self.core.returned(key)
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        hint = (" (an env factory from your script makes actors import the script: keep the training code "
-                "under `if __name__ == '__main__':`)" if not h.ready and _main_needed(self.env) else "")
+        hint = (" (an env factory or algorithm from your script makes actors import the script: keep the training "
+                "code under `if __name__ == '__main__':`)" if not h.ready and _main_needed(self.env, self.core.algo)
+                else "")
         self.core.actor_died(h.index, f"actor {h.index} (pid {proc.pid}) {how}", self.close, lost,
                              starting=not h.ready, hint=hint)
         self._spawn(h)
@@ -410,21 +411,24 @@ class LocalSchedule(Schedule):
         self._finalizer.detach()
 
 
-def _main_needed(env) -> bool:
-    return callable(env) and not isinstance(env, str) and getattr(env, "__module__", None) == "__main__"
+def _main_needed(env, algo=None) -> bool:
+    """Whether actors must import the parent's __main__: the env factory or the algorithm (its acting policy)
+    is defined there."""
+    in_main = callable(env) and not isinstance(env, str) and getattr(env, "__module__", None) == "__main__"
+    return in_main or type(algo).__module__ == "__main__"
 
 
 @contextlib.contextmanager
-def _main_not_reimported(env):
+def _main_not_reimported(env, algo=None):
     """Start a child without making it run the parent's script again.
 
     spawn and forkserver children import the parent's __main__ file so that objects pickled by
     reference to it resolve; a script that trains at import time (no `if __name__ ==
     "__main__":` guard) would then train again in every actor.  Actors need nothing from
-    __main__ unless the env factory lives there, so the file is hidden while they start."""
+    __main__ unless the env factory or the algorithm lives there, so the file is hidden while they start."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if path is None or _main_needed(env) or getattr(main, "__spec__", None) is not None:
+    if path is None or _main_needed(env, algo) or getattr(main, "__spec__", None) is not None:
         yield
         return
     del main.__file__

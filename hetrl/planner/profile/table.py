@@ -36,6 +36,8 @@ def _slug(s: str) -> str:
 
 def network_key(cfg) -> str:
     key = "x".join(str(h) for h in cfg.net_arch)
+    if cfg.qf_arch:   # critics of their own width: another learner to time
+        key += "-qf" + "x".join(str(h) for h in cfg.qf_arch)
     key += f"-stack{cfg.frame_stack}" if cfg.frame_stack > 1 else ""   # another input (and CNN) shape
     key += f"-{cfg.activation}" if cfg.activation != "relu" else ""
     key += "-ln" if cfg.layer_norm else ""
