@@ -55,7 +55,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algorithm import Algorithm
-from hetrl.algos.nets import FlatAdam, load_weights
+from hetrl.algos.nets import FlatAdam
+from hetrl.algos.sac import SACPolicy, parse_coef, squash
 from hetrl.config import Config, check_ent_coef
 from hetrl.errors import UsageError
 
@@ -195,62 +196,6 @@ class Actor(nn.Module):
                                                  dtype=mean.dtype))
 
 
-def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a = tanh(u), log pi(a|s)) for u = mean + std * eps; log(1 - tanh(u)**2) by the stable identity
-    2 (log 2 - u - softplus(-2u))."""
-    u = mean + log_std.exp() * eps
-    log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-    log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-    return torch.tanh(u), log_prob
-
-
-class CrossQPolicy:
-    """Samples from the squashed Gaussian on a snapshot of the actor and its running statistics (runs in
-    actors; noise from its own numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its
-    Box bounds."""
-
-    def __init__(self, net: Actor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu"):
-        self.net, self.device = net.to(device), device
-        self.low, self.high = low.astype(np.float32), high.astype(np.float32)
-        self.rng = np.random.default_rng(seed)
-
-    def scale(self, a: np.ndarray) -> np.ndarray:
-        return self.low + (a + 1.0) * 0.5 * (self.high - self.low)
-
-    @torch.no_grad()
-    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
-        """tanh(mean(s)), rescaled to the env's action bounds."""
-        mean, _ = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-        return self.scale(torch.tanh(mean).cpu().numpy())
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, explore: float | None) -> tuple[np.ndarray, np.ndarray]:
-        n = len(obs)
-        if explore is None:  # warm-up: uniform random actions
-            a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
-        else:
-            eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
-            mean, log_std = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-            a, _ = squash(mean, log_std, torch.from_numpy(eps).to(self.device))
-            a = a.cpu().numpy()
-        return self.scale(a), a
-
-    def load(self, state: dict) -> None:
-        load_weights(self.net, state)
-
-    def episode_end(self, done: np.ndarray) -> None:
-        pass
-
-
-def parse_coef(value: str) -> tuple[bool, float]:
-    """ent_coef -> (learned?, initial alpha): 'auto' -> (True, 1.0), 'auto_0.1' -> (True, 0.1), '0.2' -> (False, 0.2)."""
-    if value == "auto":
-        return True, 1.0
-    if value.startswith("auto_"):
-        return True, float(value[5:])
-    return False, float(value)
-
-
 class CrossQ(Algorithm):
     """CrossQ: SAC with batch renormalisation, no target networks, one joint critic pass (Bhatt et al. 2024)."""
 
@@ -282,10 +227,10 @@ class CrossQ(Algorithm):
         return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg, len(self.obs_shape))
 
     # ---- acting side -------------------------------------------------------------------------
-    def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> CrossQPolicy:
+    def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> SACPolicy:
         net = self._actor()
         net.load_state_dict(self.policy_state())
-        return CrossQPolicy(net, self.low, self.high, seed, device)
+        return SACPolicy(net, self.low, self.high, seed, device)   # SAC's acting, on CrossQ's actor
 
     def policy_state(self) -> dict:
         """The actor's parameters and its batch-renorm statistics."""

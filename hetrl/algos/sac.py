@@ -72,15 +72,21 @@ class GaussianActor(nn.Module):
         mean, log_std = self(obs)
         if eps is None:
             eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        u = mean + log_std.exp() * eps
-        log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-        return torch.tanh(u), log_prob
+        return squash(mean, log_std, eps)
+
+
+def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a = tanh(u), log pi(a|s)) for u = mean + std * eps (the squashed Gaussian; CrossQ's too)."""
+    u = mean + log_std.exp() * eps
+    log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), log_prob
 
 
 class SACPolicy:
     """Samples from the squashed Gaussian on a snapshot of the actor (runs in actors; noise from its own
-    numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds."""
+    numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds. Its network is any
+    module whose forward gives (mean, log_std) of the Gaussian before the tanh (SAC's, CrossQ's)."""
 
     def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu"):
         self.net, self.device = net.to(device).eval(), device
@@ -107,8 +113,8 @@ class SACPolicy:
             a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
         else:
             eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
-            a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device),
-                                   torch.from_numpy(eps).to(self.device))
+            mean, log_std = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+            a, _ = squash(mean, log_std, torch.from_numpy(eps).to(self.device))
             a = a.cpu().numpy()
         return self.scale(a), a
 

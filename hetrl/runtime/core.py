@@ -276,6 +276,25 @@ class LearnerCore:
         self.learned(td, weights.shape[0], time.perf_counter() - t0)
         return td
 
+    def learn_from(self, replay) -> None:
+        """The gradient steps the replay ratio allows now, from a replay in this process (inline, a population's
+        member). Uniform replay: all of them in one gather (the buffer does not change meanwhile, so this is the
+        same distribution). Prioritised: sample -> learn -> update priorities, as many batches at a time as the
+        priority lag allows (exact PER: one)."""
+        cfg, c, B = self.cfg, self.c, self.cfg.batch_size
+        while k := self.ratio.allowed(len(replay)):
+            t0 = time.perf_counter()
+            batch, keys, weights = replay.sample(k * B, beta=self.beta())
+            self.ratio.drawn(k)
+            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
+            t1 = time.perf_counter()
+            td = self.learn(stack, weights.view(k, B))
+            t2 = time.perf_counter()
+            if cfg.prioritized:
+                replay.update_priorities(keys, td.view(-1))
+            self.ratio.written(k)
+            c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+
     def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
         """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
         by a population's): check their |TD| errors, count them, publish where due."""

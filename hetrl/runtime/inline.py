@@ -60,22 +60,7 @@ class InlineSchedule(Schedule):
         self._episodes.extend(self.actor.drain_episodes())
 
     def _learn(self) -> None:
-        """The gradient steps the core allows now. Uniform replay: all of them in one gather (the buffer
-        does not change during a phase, so this is the same distribution). Prioritised: sample -> learn
-        -> update priorities, as many batches at a time as the priority lag allows (exact PER: one)."""
-        cfg, core, c, B = self.cfg, self.core, self.c, self.cfg.batch_size
-        while k := core.ratio.allowed(len(self.replay)):
-            t0 = time.perf_counter()
-            batch, keys, weights = self.replay.sample(k * B, beta=core.beta())
-            core.ratio.drawn(k)
-            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
-            t1 = time.perf_counter()
-            td = core.learn(stack, weights.view(k, B))
-            t2 = time.perf_counter()
-            if cfg.prioritized:
-                self.replay.update_priorities(keys, td.view(-1))
-            core.ratio.written(k)
-            c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+        self.core.learn_from(self.replay)
 
     def done(self) -> bool:
         return self.core.ratio.finished(len(self.replay))

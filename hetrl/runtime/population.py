@@ -282,22 +282,8 @@ class PopulationSchedule:
             self._episodes[m].append((ret, length))
 
     def _learn(self, m: int) -> None:
-        """The gradient steps member m's learner core allows, as its inline run takes them (uniform: one gather;
-        prioritized: as many batches at a time as the priority lag allows, exact PER: one)."""
-        core, replay, cfg = self.cores[m], self.replays[m], self.cfgs[m]
-        B = cfg.batch_size
-        while k := core.ratio.allowed(len(replay)):
-            t0 = time.perf_counter()
-            batch, keys, weights = replay.sample(k * B, beta=core.beta())
-            core.ratio.drawn(k)
-            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
-            t1 = time.perf_counter()
-            td = core.learn(stack, weights.view(k, B))
-            t2 = time.perf_counter()
-            if cfg.prioritized:
-                replay.update_priorities(keys, td.view(-1))
-            core.ratio.written(k)
-            core.c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+        """The gradient steps member m's learner core allows, as its inline run takes them."""
+        self.cores[m].learn_from(self.replays[m])
 
     def _learn_together(self, n: int) -> None:
         """n gradient steps of every member, replayed from one CUDA graph with a branch per member."""
