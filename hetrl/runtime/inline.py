@@ -41,6 +41,9 @@ class InlineSchedule(Schedule):
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
         cfg, core, c = self.cfg, self.core, self.c
+        new = self.params.latest(self.actor.params_version)   # the newest policy (a phase's, or one loaded between)
+        if new is not None:
+            self.actor.load(*new)
         t0 = time.perf_counter()
         before = self.actor.env_steps
         left = cfg.steps - c.env_steps
@@ -58,9 +61,6 @@ class InlineSchedule(Schedule):
             c.grad_debt -= n
             if n:
                 self.learn(n)
-        new = self.params.latest(self.actor.params_version)
-        if new is not None:
-            self.actor.load(*new)
         self._episodes.extend(self.actor.drain_episodes())
 
     def learn(self, n: int) -> None:
