@@ -70,6 +70,18 @@ class Policy:
         a = self._p.act_deterministic(obs[None] if single else obs)
         return a[0] if single else a
 
+    def sample(self, obs: Any, explore: float | None) -> np.ndarray:
+        """The acting policy's env action(s), as in training: `explore` is the algorithm's exploration value
+        (`algo.exploration(env_steps)`: epsilon, a noise scale; None: uniform random actions)."""
+        obs = self._flat(obs)
+        single = obs.shape == tuple(self.algo.obs_shape)
+        a, _ = self._p.act(obs[None] if single else obs, explore)
+        return a[0] if single else a
+
+    def load(self, state: dict) -> None:
+        """New parameters (the algorithm's `policy_state()`)."""
+        self._p.load(state)
+
     def _flat(self, obs: Any) -> np.ndarray:
         shape = tuple(self.algo.obs_shape)
         if isinstance(obs, np.ndarray) and obs.dtype == np.float32 and obs.shape[obs.ndim - len(shape):] == shape:
@@ -159,6 +171,7 @@ class Run:
         self.cfg.steps = int(steps)   # the config object every part reads (exploration schedules, the ratio)
         self.evaluations.interval = self._eval_interval()
         self.evaluations.start(self.env_steps)
+        self.schedule.extended()
 
     # ---- training ----------------------------------------------------------------------
     def learn(self, progress: bool = True, callback=None, keep_open: bool = False) -> "Run":
