@@ -129,6 +129,11 @@ class Algorithm:
         self.obs_shape = tuple(obs_space.shape)
         self.device = torch.device(device)
         self.updates = 0
+        # the learner's own random numbers (TD3's smoothing noise, SAC's actions): drawn from this generator, so
+        # a run's draws do not depend on what else runs in the process (a population's members learn side by
+        # side) and a kernel draws exactly what `learn` draws; on a GPU torch's default generator (None), which
+        # a CUDA graph captures
+        self.rng = torch.Generator().manual_seed(int(cfg.seed)) if self.device.type == "cpu" else None
 
     # ---- what it takes --------------------------------------------------------------------------
     @classmethod
@@ -201,9 +206,14 @@ class Algorithm:
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Plain tensors and numbers only (checkpoints load with torch.load(weights_only=True))."""
-        return {**{k: getattr(self, k).state_dict() for k in self.nets + self.optims}, "updates": self.updates}
+        out = {**{k: getattr(self, k).state_dict() for k in self.nets + self.optims}, "updates": self.updates}
+        if getattr(self, "rng", None) is not None:
+            out["rng"] = self.rng.get_state()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         for k in self.nets + self.optims:
             getattr(self, k).load_state_dict(state[k])
         self.updates = int(state["updates"])
+        if getattr(self, "rng", None) is not None and "rng" in state:
+            self.rng.set_state(state["rng"])

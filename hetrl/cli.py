@@ -97,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_algorithms(sub)
     from hetrl.planner.cli import register as register_planner
     from hetrl.tabular.cli import register as register_tabular
+    from hetrl.report.cli import register as register_report
 
     register_planner(sub)
     register_tabular(sub)
+    register_report(sub)
     return parser
 
 

@@ -63,18 +63,25 @@ def owned_tensors(algo) -> list[torch.Tensor]:
     return list(found.values())
 
 
-def snapshot(algo) -> tuple[list, int, set[int]]:
-    """What `restore` puts back: a copy of every tensor the learner owns, its `updates` counter, and
-    which optimizer state existed (Adam makes its moments at the first step)."""
+def _generators(algo) -> list[torch.Generator]:
+    return [v for v in vars(algo).values() if isinstance(v, torch.Generator)]
+
+
+def snapshot(algo) -> tuple[list, int, set[int], list]:
+    """What `restore` puts back: a copy of every tensor the learner owns, its `updates` counter, which
+    optimizer state existed (Adam makes its moments at the first step) and its generators' states."""
     owned = owned_tensors(algo)
-    return [(t, t.detach().clone()) for t in owned], algo.updates, {id(t) for t in owned}
+    return ([(t, t.detach().clone()) for t in owned], algo.updates, {id(t) for t in owned},
+            [(g, g.get_state()) for g in _generators(algo)])
 
 
 @torch.no_grad()
 def restore(algo, saved: tuple[list, int, set[int]]) -> None:
     """Back to the snapshot, in place (the buffers a graph reads stay the same objects); optimizer state
     made since is zeroed: zero moments at step 0, as a fresh Adam's."""
-    tensors, updates, known = saved
+    tensors, updates, known, generators = saved
+    for g, state in generators:
+        g.set_state(state)
     for t, v in tensors:
         t.copy_(v)
     for opt in optimizers(algo):
