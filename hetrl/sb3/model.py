@@ -247,7 +247,6 @@ class OffPolicyModel:
             self.ep_success_buffer.clear()
         target = (0 if reset_num_timesteps else self.num_timesteps) + max(0, total)
         self._total_timesteps = target
-        self.start_time = time.time_ns()
         if not self._custom_logger:
             self._logger = configure(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         cb = convert(callback)
@@ -260,6 +259,7 @@ class OffPolicyModel:
             hook.training_end(None)
             return self
         run = self._open_run(target, reset_num_timesteps)
+        self.start_time = time.time_ns()   # after planning and building the Run (SB3's fps: of training)
         try:
             run.learn(progress=progress_bar, callback=hook, keep_open=True)
         except BaseException:
