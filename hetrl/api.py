@@ -117,11 +117,12 @@ class Run:
     `with Run(...)` block."""
 
     def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False,
-                 plan_info: dict | None = None):
+                 plan_info: dict | None = None, schedule=None):
         from hetrl.runtime import make_schedule
 
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
-        self.schedule = make_schedule(cfg, env)
+        # `schedule`: one made elsewhere (a population's member); else the one cfg.schedule names
+        self.schedule = schedule if schedule is not None else make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
         self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
@@ -191,9 +192,7 @@ class Run:
                     core.tick()
                     if self.evaluations.due(s.c.env_steps, s.done()):
                         with core.clock_paused():
-                            last = self.last_policy
-                            ev = self.evaluations.run(last.act, last.eval_env, s.c.env_steps, self.algo.policy_state)
-                        logger.scalar("eval/return_mean", ev["eval_return_mean"], s.c.env_steps)
+                            self.evaluate_now(logger)
                     logger.episodes(eps)
                     f = s.figures()
                     logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
@@ -227,6 +226,14 @@ class Run:
         if not keep_open:
             self.schedule.close()
         return self
+
+    def evaluate_now(self, logger: Logger | None = None) -> dict:
+        """One of the evaluations during training: the latest policy, kept if it is the best so far."""
+        last = self.last_policy
+        ev = self.evaluations.run(last.act, last.eval_env, self.env_steps, self.algo.policy_state)
+        if logger is not None:
+            logger.scalar("eval/return_mean", ev["eval_return_mean"], self.env_steps)
+        return ev
 
     def _calibrate(self) -> None:
         """A planned run feeds its measured learner time back into the profile the plan came from,
@@ -437,7 +444,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
           out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
           save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
           plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, callback=None,
-          hyperparams: str | Path | None = None, **settings: Any) -> Run:
+          seeds: Any = None, sweep: Any = None, hyperparams: str | Path | None = None, **settings: Any) -> Run:
     """Train `algo` (a registered algorithm's name: `hetrl algorithms`) on `env` (an id, 'module:EnvId', or a
     zero-argument env factory).
 
@@ -451,7 +458,25 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     rl-baselines3-zoo hyperparameter file (its entry for the env, SB3's defaults for what it leaves out, instead
     of hetrl's presets; `config` and the keywords win over it; hetrl/zoo.py). Returns the finished Run,
     evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
+
+    `seeds` (a count or a list) and/or `sweep` ({setting: [values]}) train a population, one member per seed x
+    swept value, as one run (hetrl/population.py): the result is a PopulationRun saved in `out`
+    (default runs/ALGO-ENV-popN), its report (IQM and intervals) in out/result.json.
     """
+    if seeds is not None or sweep:
+        from hetrl import population
+
+        if seed is not None:
+            raise UsageError("seed and seeds both given: a population takes its seeds from --seeds (seeds=); "
+                             "drop --seed (seed=)")
+        if hyperparams is not None:   # the file's settings, under the keywords'
+            from hetrl import zoo
+
+            settings = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env),
+                        **settings}
+        return population.train(algo, env, seeds if seeds is not None else 1, sweep, steps, out, force, config,
+                                save_replay, progress, evaluate_episodes, plan, objective, allow_more_envs,
+                                callback, **settings)
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
                                      progress, hyperparams, **settings)
     if progress:
@@ -484,7 +509,12 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     (config.SYSTEM_KEYS: schedule, device, threads, actors, envs_per_actor, ray_address, ...), so a
     run started inline on a laptop can continue on a cluster. plan="auto" plans around them."""
     from hetrl.config import SYSTEM_KEYS
+    from hetrl.population import is_population
 
+    if is_population(run_dir):   # every member of a population, continued together
+        from hetrl import population
+
+        return population.resume(run_dir, steps, env, progress, evaluate_episodes, **system)
     ckpt = read_checkpoint(run_dir)
     done = ckpt["counters"]["env_steps"]
     if steps is not None and steps <= done:
@@ -518,7 +548,14 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
 
 
 def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
-    """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save)."""
+    """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save); for a population's directory,
+    {member name: Policy} of every member (a member's own directory, OUT/members/NAME, loads as a run)."""
+    from hetrl.population import is_population
+
+    if is_population(run_dir):
+        from hetrl import population
+
+        return population.load(run_dir, env)
     ckpt = read_checkpoint(run_dir)
     cfg = _saved_config(ckpt)
     env = env or cfg.env

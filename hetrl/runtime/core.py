@@ -280,26 +280,30 @@ class LearnerCore:
     # ---- learning side --------------------------------------------------------------------------
     def learn(self, stack: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One learner call: weights.shape[0] gradient steps on stacked batches; returns |TD| (K, B)."""
-        c = self.c
-        if self.learn_mark is None:
-            self.learn_mark = (self.elapsed(), c.env_steps)
         self.governor.tick()
         if self.lr_at is not None:
             self.schedule_lr()
         t0 = time.perf_counter()
         td = self.kernel.learn(stack, weights)
+        self.learned(td, weights.shape[0], time.perf_counter() - t0)
+        return td
+
+    def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
+        """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
+        by a population's): check their |TD| errors, count them, publish where due."""
+        c = self.c
+        if self.learn_mark is None:
+            self.learn_mark = (self.elapsed() - seconds, c.env_steps)
         if self.cfg.check_finite and not _all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
-        dt = time.perf_counter() - t0
-        c.learner_s += dt
-        self.governor.record(dt, weights.shape[0])
-        c.gradient_steps += weights.shape[0]
+        c.learner_s += seconds
+        self.governor.record(seconds, steps)
+        c.gradient_steps += steps
         c.phases += 1
         if c.gradient_steps - self._published_at >= self.publish_every:
             self.publish(changed_only=True)
-        return td
 
     def schedule_lr(self) -> None:
         """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3

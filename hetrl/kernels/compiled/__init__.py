@@ -8,6 +8,7 @@ from hetrl.kernels.kernel import Kernel
 
 class CompiledKernel(Kernel):
     name = "compiled"
+    releases_gil = True      # its phase is one numba call compiled with nogil
 
     def __init__(self, algo, gemm: str | None = None, **options):
         super().__init__(algo)
