@@ -277,6 +277,16 @@ def test_save_load_round_trip_continues_training(tmp_path):
         TD3.load(tmp_path / "sac_pendulum")
 
 
+def test_a_model_of_an_env_instance_loads_without_env(tmp_path):
+    SAC("MlpPolicy", gym.make("Pendulum-v1"), **FAST_SAC).learn(150).save(tmp_path / "m")
+    m = SAC.load(tmp_path / "m")   # SB3: a model without env predicts, and learns once given one
+    assert m.get_env() is None and m.predict(np.zeros(3, np.float32))[0].shape == (1,)
+    with pytest.raises(UsageError, match="has no env"):
+        m.learn(10)
+    m = SAC.load(tmp_path / "m", env=gym.make("Pendulum-v1"))
+    assert m.learn(100, reset_num_timesteps=False).num_timesteps == 250
+
+
 def test_save_to_a_directory_is_a_run_directory(tmp_path):
     m = DQN("MlpPolicy", "CartPole-v1", **FAST_DQN).learn(200)
     m.save(str(tmp_path / "run") + "/")

@@ -139,9 +139,10 @@ class OffPolicyModel:
                 "act_dim": int(np.prod(act.shape)) if act.shape else None}
 
     def _setup(self, *, policy: str, conv: sb3envs.Converted | None, settings: dict, own: dict, seed: int,
-               sb3: dict, lr_fn, spaces: tuple) -> None:
+               sb3: dict, lr_fn, spaces: tuple, env_label: str | None = None) -> None:
         self.policy_class = policy
         self._conv = conv
+        self._env_label = env_name(conv.spec) if conv is not None else env_label   # the env's name (presets)
         self.hetrl_settings = dict(settings)
         self._own = dict(own)
         self.seed = seed
@@ -177,7 +178,7 @@ class OffPolicyModel:
 
     def _config(self, steps: int, plan: str, check_out: bool = True):
         """api.prepare with the model's settings: (cfg, out, plan info) or, without checks, the config alone."""
-        spec = self._conv.spec if self._conv is not None else self._cfg0.env
+        spec = self._conv.spec if self._conv is not None else self._env_label
         if not check_out:
             return make_config(self.algo, env_name(spec), {**self.hetrl_settings, "steps": steps, "seed": self.seed})
         own = self._own
@@ -526,7 +527,7 @@ class OffPolicyModel:
             probe = model._probe(conv, {k: v for k, v in settings.items() if k.startswith("atari_")})
             spaces = (probe["raw"], probe["obs"], probe["act"])
         model._setup(policy=policy, conv=conv, settings=settings, own=own, seed=seed, sb3=sb3, lr_fn=lr_fn,
-                     spaces=spaces)
+                     spaces=spaces, env_label=str(ckpt.get("env") or ckpt["config"]["env"]))
         if conv is not None:
             probe_obs, probe_act = model._probe_spaces()
             if probe_obs != model._obs_space or probe_act != model.action_space:
