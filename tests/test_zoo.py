@@ -91,6 +91,8 @@ def test_cli_hyperparams(tmp_path, capsys):
     cfg = json.loads((tmp_path / "run" / "result.json").read_text())["config"]
     assert (cfg["algo"], cfg["gamma"], cfg["buffer_size"], cfg["net_arch"], cfg["noise_std"]) == \
         ("td3", 0.98, 200_000, [400, 300], 0.1)
+    model = hetrl.TD3.load(tmp_path / "run")   # a run directory of `hetrl train` loads into the SB3-style class
+    assert model.num_timesteps == 200 and model.predict([1.0, 0.0, 0.0], deterministic=True)[0].shape == (1,)
     capsys.readouterr()
     code = main(["train", "--env", "MountainCarContinuous-v0", "--hyperparams", str(DATA / "sac.yml"),
                  "--out", str(tmp_path / "x")])
