@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,sac:Pendulum-v1:20000")
     a = ap.parse_args()
-    out = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "cases": []}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    out = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "commit": commit, "cases": []}
     for case in a.cases.split(","):
         algo, env, steps = case.split(":")
         args = ARGS.get((algo, env), {})
