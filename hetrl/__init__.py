@@ -15,10 +15,11 @@ An algorithm of your own: subclass hetrl.Algorithm and hetrl.register_algorithm(
 
 __version__ = "0.1.0"
 
-# OpenMP's wait policy is left at libgomp's default (spin a little, then sleep): passive
-# waiting (OMP_WAIT_POLICY=PASSIVE) made a 2-thread learner no faster than a 1-thread one here,
-# spinning makes it 1.3x faster when the process has its cores to itself. Spinning threads that
-# share cores with other busy processes collapse instead (~4x slower), so the local and ray
+# OpenMP's wait policy is left at libgomp's default (spin a little, then sleep): with passive
+# waiting (OMP_WAIT_POLICY=PASSIVE) a learner's threads sleep at every barrier of its small
+# products and gain little over one thread; spinning threads gain when the process has its cores
+# to itself. Spinning threads that share cores with other busy processes collapse instead (each
+# barrier waits for a thread the OS descheduled: several times slower), so the local and ray
 # schedules give the learner only the cores no actor takes, and the planner prices a
 # multi-threaded learner on cores that busy actors share (hetrl/planner/model.py, SPIN).
 

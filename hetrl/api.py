@@ -237,7 +237,7 @@ class Run:
 
     def _calibrate(self) -> None:
         """A planned run feeds its measured learner time back into the profile the plan came from,
-        so the next plan on this machine predicts with today's speed (result.json: `calibration`)."""
+        so the next plan on this machine predicts with the learner's speed as last measured (result.json: `calibration`)."""
         plan = self.plan_info.get("plan") or {}
         path = (plan.get("profile") or {}).get("path")
         c = self.schedule.c

@@ -69,6 +69,9 @@ class Config:
     batch_size: int = 64
     learning_starts: int = 1000
     prioritized: bool = False
+    priority_lag: int = 0               # prioritised replay: a batch may be drawn before the priorities of up to this
+                                        # many earlier batches are written (PEARL's relaxed dependency); 0 = exact PER,
+                                        # the same under every schedule (docs/local.md: Prioritised replay)
     replay_frames: bool = True          # stacked uint8 frames: each frame stored once (hetrl/replay/frames.py)
     per_alpha: float = 0.6
     per_beta: float = 0.4               # annealed linearly to 1.0 over the run
@@ -114,7 +117,7 @@ class Config:
                                                  "batch_size", "buffer_size", "prioritized", "replay_frames",
                                                  "atari_screen_size")
     SCHEDULE_SETTINGS: ClassVar[tuple[str, ...]] = ("steps", "num_envs", "learning_starts", "train_freq",
-                                                    "gradient_steps", "eval_interval", "eval_episodes")
+                                                    "gradient_steps", "priority_lag", "eval_interval", "eval_episodes")
 
 
 # The system's settings: where and how fast the parts run, never what the agent learns. The
@@ -143,7 +146,8 @@ _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_
              "publish_interval", "log_interval", "replay_shards",
              "frame_stack", "atari_frame_skip", "atari_screen_size")
 _NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "eval_episodes", "eval_interval", "eval_max_steps",
-                 "atari_noop_max", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
+                 "atari_noop_max", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag",
+                 "priority_lag")
 
 
 def atari_id(env: str) -> bool:

@@ -240,7 +240,7 @@ def test_killed_actor_is_replaced_and_the_run_finishes(local, capfd):
 
 # ---- rate limiter ---------------------------------------------------------------------------------
 def check_trace(s):
-    rule = s.rule
+    rule = s.core.ratio.rule
     assert s.trace, "no trace"
     for inserts, samples in s.trace:
         diff = inserts * rule.samples_per_insert - samples

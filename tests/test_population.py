@@ -121,3 +121,34 @@ def test_member_groups_train_as_processes_or_ray_tasks(tmp_path, schedule):
         res = json.loads((out / "members" / name / "result.json").read_text())
         assert res["env_steps"] == 400 and (out / "members" / name / "checkpoint.pt").is_file()
     assert run.result["aggregate"]["rows"][0]["runs"] == 2
+
+
+def test_a_signal_saves_every_member_and_each_resumes(tmp_path):
+    """SIGTERM (or Ctrl-C) stops a population at the end of a phase with every member saved; the population
+    resumes as a whole, and a member's directory resumes as a run of its own."""
+    import os
+    import signal
+    import threading
+
+    from hetrl.population import PopulationRun, make_members
+
+    settings = {k: v for k, v in TINY.items() if k not in ("plan", "progress")}
+    members = make_members("dqn", "CartPole-v1", {**settings, "steps": 10**6, "learner_kernel": "public"}, [0, 1], {})
+    out = tmp_path / "pop"
+    run = PopulationRun(members, "CartPole-v1", out)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        run.learn(progress=False)
+    finally:
+        timer.cancel()
+    assert run.interrupted == "SIGTERM"
+    done = run.runs[0].env_steps
+    assert 0 < done < 10**6 and all(r.env_steps == done for r in run.runs)
+    for m in members:
+        ckpt = torch.load(out / "members" / m.name / "checkpoint.pt", weights_only=True)
+        assert ckpt["counters"]["env_steps"] == done
+    both = hetrl.resume(out, steps=done + 200, progress=False, evaluate_episodes=0)
+    assert [r.env_steps for r in both.runs] == [done + 200] * 2
+    alone = hetrl.resume(out / "members" / "seed1", steps=done + 400, progress=False, evaluate_episodes=0)
+    assert alone.result["env_steps"] == done + 400 and alone.result["seed"] == 1

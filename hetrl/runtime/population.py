@@ -12,11 +12,14 @@ clock: a member's wall time is the population's.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from hetrl.actors import Actor
 from hetrl.actors.envs import EnvSpec
@@ -26,22 +29,103 @@ from hetrl.runtime.core import Counters, LearnerCore, Schedule
 from hetrl.runtime.params import InProcessParameterStore
 
 
+class StackedForward:
+    """One call of the members' policy networks for all their envs, their weights stacked (torch.func: the
+    network's own forward, vmapped over the members); None where the network does not vmap (it is then called
+    member by member)."""
+
+    def __init__(self, nets: list[torch.nn.Module]):
+        from torch.func import functional_call, stack_module_state, vmap
+
+        self.nets = nets
+        self.params, self.buffers = stack_module_state(nets)
+        base = copy.deepcopy(nets[0]).to("meta")
+        self.call = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))
+
+    @classmethod
+    def of(cls, nets: list) -> "StackedForward | None":
+        if len(nets) < 2 or not all(isinstance(n, torch.nn.Module) and type(n) is type(nets[0]) for n in nets):
+            return None
+        try:
+            return cls(nets)
+        except Exception:   # a network torch.func cannot stack: member by member
+            return None
+
+    @torch.no_grad()
+    def refresh(self, m: int) -> None:
+        """Member m's network changed (new weights from the parameter store)."""
+        for name, t in self.nets[m].named_parameters():
+            self.params[name][m].copy_(t)
+        for name, t in self.nets[m].named_buffers():
+            self.buffers[name][m].copy_(t)
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor):
+        return self.call(self.params, self.buffers, x)
+
+
+@contextlib.contextmanager
+def _precomputed(net: torch.nn.Module, obs: np.ndarray, out):
+    """`net`'s forward answers with `out`, the outputs the stacked call computed for the rows of `obs` (a policy
+    may ask for some of them only: DQN's greedy envs)."""
+    rows = {obs[i].tobytes(): i for i in range(len(obs))}
+
+    def forward(x):
+        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        if len(x) == len(obs) and np.array_equal(x, obs):
+            return out
+        idx = torch.as_tensor([rows[r.astype(obs.dtype).tobytes()] for r in x], dtype=torch.long)
+        return tuple(o[idx] for o in out) if isinstance(out, tuple) else out[idx]
+
+    net.forward = forward
+    try:
+        yield
+    finally:
+        del net.forward
+
+
 class StackedPolicy:
     """The acting policies of a population's members side by side: member m acts for envs m*n .. m*n+n-1, with
-    its own exploration value (`explore` is a list, one per member) and its own RNG."""
+    its own exploration value (`explore` is a list, one per member) and its own RNG; their networks answer in one
+    stacked call (StackedForward) where that applies, each member's policy logic then taking its rows."""
 
     def __init__(self, policies: list, envs: int):
         self.policies, self.n = policies, envs
+        nets = [getattr(p, "net", None) for p in policies]
+        self.stacked = StackedForward.of(nets) if all(nets) else None
 
     def _slices(self):
         return ((m, p, slice(m * self.n, (m + 1) * self.n)) for m, p in enumerate(self.policies))
 
+    def _outputs(self, obs: np.ndarray):
+        if self.stacked is None:
+            return None
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        try:
+            return self.stacked(x.reshape(len(self.policies), self.n, *x.shape[1:]))
+        except Exception:   # the network's forward does not vmap (e.g. a layout change): member by member
+            self.stacked = None
+            return None
+
     def act(self, obs: np.ndarray, explore: list) -> tuple[np.ndarray, np.ndarray]:
-        outs = [p.act(obs[s], explore[m]) for m, p, s in self._slices()]
-        return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
+        out = self._outputs(obs) if any(e is not None for e in explore) else None   # warm-up: random actions
+        acts = []
+        for m, p, s in self._slices():
+            if out is None:
+                acts.append(p.act(obs[s], explore[m]))
+                continue
+            with _precomputed(p.net, np.asarray(obs[s], dtype=np.float32),
+                              tuple(o[m] for o in out) if isinstance(out, tuple) else out[m]):
+                acts.append(p.act(obs[s], explore[m]))
+        return np.concatenate([a[0] for a in acts]), np.concatenate([a[1] for a in acts])
 
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
         return np.concatenate([p.act_deterministic(obs[s]) for _, p, s in self._slices()])
+
+    def load_member(self, m: int, state: dict) -> None:
+        self.policies[m].load(state)
+        if self.stacked is not None:
+            self.stacked.refresh(m)
 
     def episode_end(self, done: np.ndarray) -> None:
         for _, p, s in self._slices():
@@ -139,7 +223,7 @@ class PopulationSchedule:
             self._load(m, *self.params[m].latest(-1))
 
     def _load(self, m: int, state: dict, version: int) -> None:
-        self.actor.policy.policies[m].load(state)
+        self.actor.policy.load_member(m, state)
         self.versions[m] = version
 
     # ---- the protocol, one phase of every member ------------------------------------------------------
@@ -173,21 +257,22 @@ class PopulationSchedule:
         steps = (actor.env_steps - start) // M
         member = batch.pop("env", None) if batch is not None else None   # (a population of one has no groups)
         member = member // n if member is not None else np.zeros(len(batch["obs"]) if batch else 0, np.int64)
-        owed = []
         for m, core in enumerate(self.cores):
             if batch is not None:
                 rows = member == m
                 if rows.any():
                     core.insert(self.replays[m], {k: v[rows] for k, v in batch.items()}, actor=m)
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
-            owed.append(self._owed(core, self.replays[m], steps))
+        # what each member's learner core allows now (its inline run's replay ratio)
+        owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
         if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized:
             self._learn_together(owed[0])
         elif self._pool is not None and sum(1 for k in owed if k) > 1:
-            list(self._pool.map(self._learn, range(M), owed))
+            list(self._pool.map(self._learn, [m for m, k in enumerate(owed) if k]))
         else:
             for m, k in enumerate(owed):
-                self._learn(m, k)
+                if k:
+                    self._learn(m)
         for m in range(M):
             new = self.params[m].latest(self.versions[m])
             if new is not None:
@@ -196,33 +281,22 @@ class PopulationSchedule:
         for (ret, length), m in zip(actor.drain_episodes(), envs):
             self._episodes[m].append((ret, length))
 
-    @staticmethod
-    def _owed(core: LearnerCore, replay, steps: int) -> int:
-        """Gradient steps member `core` owes after `steps` more env steps (its inline run's replay ratio)."""
-        cfg, c = core.cfg, core.c
-        if c.env_steps < cfg.learning_starts or len(replay) < cfg.batch_size:
-            return 0
-        c.grad_debt += steps * (cfg.replay_ratio if cfg.gradient_steps > 0 else 1.0)
-        k = int(c.grad_debt)
-        c.grad_debt -= k
-        return k
-
-    def _learn(self, m: int, n: int) -> None:
-        """n gradient steps of member m, as its inline run takes them (uniform: one gather; prioritized: one
-        batch at a time, each sample seeing the newest priorities)."""
-        if not n:
-            return
+    def _learn(self, m: int) -> None:
+        """The gradient steps member m's learner core allows, as its inline run takes them (uniform: one gather;
+        prioritized: as many batches at a time as the priority lag allows, exact PER: one)."""
         core, replay, cfg = self.cores[m], self.replays[m], self.cfgs[m]
         B = cfg.batch_size
-        for k in ([n] if not cfg.prioritized else [1] * n):
+        while k := core.ratio.allowed(len(replay)):
             t0 = time.perf_counter()
             batch, keys, weights = replay.sample(k * B, beta=core.beta())
+            core.ratio.drawn(k)
             stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
             t1 = time.perf_counter()
             td = core.learn(stack, weights.view(k, B))
             t2 = time.perf_counter()
             if cfg.prioritized:
                 replay.update_priorities(keys, td.view(-1))
+            core.ratio.written(k)
             core.c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
 
     def _learn_together(self, n: int) -> None:
@@ -232,6 +306,7 @@ class PopulationSchedule:
         stacks, weights = [], []
         for core, replay in zip(self.cores, self.replays):
             batch, _, w = replay.sample(n * B, beta=core.beta())
+            core.ratio.drawn(n)
             stacks.append({name: v.view(n, B, *v.shape[1:]) for name, v in batch.items()})
             weights.append(w.view(n, B))
         t1 = time.perf_counter()
