@@ -6,6 +6,10 @@
     run.save("runs/cartpole")
     policy = hetrl.load("runs/cartpole"); action = policy.act(obs)
 
+Stable-Baselines3's interface (change one import; docs/sb3.md): every registered algorithm has a class,
+    from hetrl import SAC          # DQN, DDPG, TD3, SAC, CrossQ, or hetrl.sb3.model_class("myalgo")
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3).learn(20_000)
+
 An algorithm of your own: subclass hetrl.Algorithm and hetrl.register_algorithm("name", cls) (docs/extending.md).
 """
 
@@ -36,6 +40,12 @@ def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for
         from hetrl.config import Config
 
         return Config
+    if name[:1].isupper():   # DQN, SAC, CrossQ, ...: an SB3-style class of a registered algorithm (docs/sb3.md)
+        from hetrl.sb3 import class_for
+
+        cls = class_for(name)
+        if cls is not None:
+            return cls
     raise AttributeError(name)
 
 

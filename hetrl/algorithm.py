@@ -96,6 +96,17 @@ def _takers(act_space: gym.Space | None = None, pixels: bool = False) -> str:
     return ", ".join(names) if names else "an algorithm of your own (docs/extending.md)"
 
 
+def optimizers(algo) -> list[torch.optim.Optimizer]:
+    """The torch optimizers an algorithm object holds as attributes (a FlatAdam wraps one as `.opt`)."""
+    out = []
+    for v in vars(algo).values():
+        if isinstance(v, torch.optim.Optimizer):
+            out.append(v)
+        elif isinstance(getattr(v, "opt", None), torch.optim.Optimizer):
+            out.append(v.opt)
+    return out
+
+
 class Algorithm:
     """The base of an off-policy algorithm on hetrl's protocol; subclasses set the class attributes and
     write ``__init__``, ``make_policy``, ``policy_state`` and ``learn``."""
@@ -180,6 +191,14 @@ class Algorithm:
         """K gradient steps, one per leading index of `batches` (each field (K, B, ...)), with importance weights
         (K, B) (1 under uniform replay); returns |TD| (K, B) for the priorities. Counts them in `updates`."""
         raise NotImplementedError(f"{type(self).__name__} must implement learn")
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of every optimizer it holds (a learning-rate schedule, config.lr_schedule or
+        the SB3-style classes' callable learning_rate, calls it between learner calls). By default: every
+        torch optimizer among its attributes, and the one inside each FlatAdam-like wrapper (`.opt`)."""
+        for opt in optimizers(self):
+            for group in opt.param_groups:
+                group["lr"] = lr
 
     def graph_period(self) -> int:
         """Gradient steps after which `learn`'s Python-side control flow repeats (TD3: policy_delay): a CUDA

@@ -70,6 +70,18 @@ class Policy:
         a = self._p.act_deterministic(obs[None] if single else obs)
         return a[0] if single else a
 
+    def sample(self, obs: Any, explore: float | None) -> np.ndarray:
+        """The acting policy's env action(s), as in training: `explore` is the algorithm's exploration value
+        (`algo.exploration(env_steps)`: epsilon, a noise scale; None: uniform random actions)."""
+        obs = self._flat(obs)
+        single = obs.shape == tuple(self.algo.obs_shape)
+        a, _ = self._p.act(obs[None] if single else obs, explore)
+        return a[0] if single else a
+
+    def load(self, state: dict) -> None:
+        """New parameters (the algorithm's `policy_state()`)."""
+        self._p.load(state)
+
     def _flat(self, obs: Any) -> np.ndarray:
         shape = tuple(self.algo.obs_shape)
         if isinstance(obs, np.ndarray) and obs.dtype == np.float32 and obs.shape[obs.ndim - len(shape):] == shape:
@@ -160,6 +172,7 @@ class Run:
         self.cfg.steps = int(steps)   # the config object every part reads (exploration schedules, the ratio)
         self.evaluations.interval = self._eval_interval()
         self.evaluations.start(self.env_steps)
+        self.schedule.extended()
 
     # ---- training ----------------------------------------------------------------------
     def learn(self, progress: bool = True, callback=None, keep_open: bool = False) -> "Run":
@@ -403,12 +416,17 @@ def default_out(cfg: Config) -> Path:
 def prepare(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int | None = None,
             out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
             plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, progress: bool = True,
-            **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
+            hyperparams: str | Path | None = None, **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
     """What `train` does before it trains: the checked config, the run directory (checked writable) and the
-    plan: (cfg with the plan's system settings, out, the plan's figures for result.json)."""
+    plan: (cfg with the plan's system settings, out, the plan's figures for result.json). `hyperparams`: an
+    rl-baselines3-zoo file (hetrl/zoo.py), under `config` and `settings`."""
     if plan not in ("auto", "none"):
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
     over = _overrides(config, {"steps": steps, "seed": seed, **settings})
+    if hyperparams is not None:
+        from hetrl import zoo
+
+        over = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env), **over}
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
     from hetrl import registry
 
@@ -426,7 +444,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
           out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
           save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
           plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, callback=None,
-          seeds: Any = None, sweep: Any = None, **settings: Any) -> Run:
+          seeds: Any = None, sweep: Any = None, hyperparams: str | Path | None = None, **settings: Any) -> Run:
     """Train `algo` (a registered algorithm's name: `hetrl algorithms`) on `env` (an id, 'module:EnvId', or a
     zero-argument env factory).
 
@@ -436,7 +454,9 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     given here (`hetrl plan` shows why; the machine is profiled once and the profile cached); it keeps every
     learning setting, num_envs included, unless allow_more_envs=True lets it raise the env count (the learning
     dynamics change; a num_envs given here is kept); plan="none" runs the settings as given. `out`: a directory
-    to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. Returns the finished Run,
+    to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. `hyperparams`: an
+    rl-baselines3-zoo hyperparameter file (its entry for the env, SB3's defaults for what it leaves out, instead
+    of hetrl's presets; `config` and the keywords win over it; hetrl/zoo.py). Returns the finished Run,
     evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
 
     `seeds` (a count or a list) and/or `sweep` ({setting: [values]}) train a population, one member per seed x
@@ -449,11 +469,16 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
         if seed is not None:
             raise UsageError("seed and seeds both given: a population takes its seeds from --seeds (seeds=); "
                              "drop --seed (seed=)")
+        if hyperparams is not None:   # the file's settings, under the keywords'
+            from hetrl import zoo
+
+            settings = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env),
+                        **settings}
         return population.train(algo, env, seeds if seeds is not None else 1, sweep, steps, out, force, config,
                                 save_replay, progress, evaluate_episodes, plan, objective, allow_more_envs,
                                 callback, **settings)
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
-                                     progress, **settings)
+                                     progress, hyperparams, **settings)
     if progress:
         print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.schedule}, "
               f"device {cfg.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),

@@ -1,6 +1,7 @@
 """The `hetrl` command.
 
     hetrl train ALGO --env ID [--steps N] [--seed S] [--out DIR] [--set key=value ...] [--config FILE.yaml]
+    hetrl train [ALGO] --env ID --hyperparams rl-zoo/hyperparams/ALGO.yml     (an rl-baselines3-zoo file)
     hetrl train --resume DIR [--steps N] [--schedule S] [--actors N] [--address A] [--set device=...]
     hetrl eval DIR [--episodes N] [--render video|rgb_array]
     hetrl settings ALGO --env ID          (the effective settings: defaults < preset < file < --set)
@@ -31,6 +32,9 @@ def _add_train(sub) -> None:
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting (repeatable); see `hetrl settings`")
     p.add_argument("--config", help="YAML file of settings")
+    p.add_argument("--hyperparams", metavar="FILE.yml",
+                   help="an rl-baselines3-zoo hyperparameter file (its entry for --env; ALGO defaults to the file's "
+                        "name); --config and --set win over it")
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
     p.add_argument("--save-replay", action="store_true", help="also save the replay (exact --resume)")
@@ -159,8 +163,8 @@ def cmd_train(args) -> int:
 
     progress = not args.no_progress
     if args.resume:
-        if args.algo or args.env or args.config:
-            raise UsageError("--resume takes the algorithm's settings saved in the run; drop ALGO/--env/--config "
+        if args.algo or args.env or args.config or args.hyperparams:
+            raise UsageError("--resume takes the algorithm's settings saved in the run; drop ALGO/--env/--config/--hyperparams "
                              "(--steps, --schedule, --actors, --envs-per-actor, --address, --plan and system "
                              "settings such as --set device=cuda may change)")
         from hetrl.config import check_value
@@ -171,13 +175,18 @@ def cmd_train(args) -> int:
                          objective=args.objective, **{**sets, **_schedule_flags(args)})
         _summary(run.result, Path(args.resume))
         return _exit_code(run)
+    if args.hyperparams and not args.algo:
+        from hetrl import zoo
+
+        args.algo = zoo.algo_of(args.hyperparams)
     if not args.algo or not args.env:
         raise UsageError("train needs ALGO and --env, e.g. `hetrl train dqn --env CartPole-v1`")
     sets = _checked_sets(args, args.algo)
     population = {"seeds": args.seeds, "sweep": args.sweep} if args.seeds is not None or args.sweep else {}
     run = api.train(args.algo, env=args.env, steps=args.steps, seed=args.seed, out=args.out or True, force=args.force,
                     config=args.config, save_replay=args.save_replay, progress=progress, plan=args.plan or "auto",
-                    objective=args.objective, allow_more_envs=args.allow_more_envs, **population,
+                    objective=args.objective, allow_more_envs=args.allow_more_envs, hyperparams=args.hyperparams,
+                    **population,
                     **{**sets, **_schedule_flags(args)})
     if run.interrupted and run.interrupted != "callback":
         print(f"hetrl: interrupted ({run.interrupted}) at {run.result['env_steps']:,} env steps; checkpoint saved "

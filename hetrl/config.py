@@ -83,6 +83,8 @@ class Config:
     activation: str = "relu"            # relu | tanh | elu: the hidden layers' activation (SB3's activation_fn)
     layer_norm: bool = False            # a LayerNorm after each hidden layer's Linear, before its activation
     lr: float = 1e-3
+    lr_schedule: str = "constant"       # constant, or linear: lr x the run's progress remaining, down to 0 at its end
+                                        # (rl-zoo's lin_X, SB3's linear schedule; set before each learner call)
     gamma: float = 0.99
     train_freq: int = 256               # env steps per training phase
     gradient_steps: int = 128           # gradient steps per phase; -1 = env steps collected
@@ -137,6 +139,7 @@ _CHOICES = {
     "schedule": ("inline", "local", "ray"),
     "env_backend": ("auto", "gymnasium", "envpool"),
     "activation": ("relu", "tanh", "elu"),
+    "lr_schedule": ("constant", "linear"),
     "learner_kernel": KERNELS,
 }
 _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",

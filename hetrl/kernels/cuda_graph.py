@@ -32,18 +32,8 @@ import time
 import torch
 from torch import nn
 
+from hetrl.algorithm import optimizers  # noqa: F401  (where the learner's optimizers are found)
 from hetrl.kernels.kernel import Kernel
-
-
-def optimizers(algo) -> list[torch.optim.Optimizer]:
-    """The torch optimizers an algorithm object holds (FlatAdam wraps one as .opt)."""
-    out = []
-    for v in vars(algo).values():
-        if isinstance(v, torch.optim.Optimizer):
-            out.append(v)
-        elif isinstance(getattr(v, "opt", None), torch.optim.Optimizer):
-            out.append(v.opt)
-    return out
 
 
 def owned_tensors(algo) -> list[torch.Tensor]:
@@ -219,6 +209,8 @@ class CudaGraphKernel(Kernel):
         device = getattr(algo, "device", torch.device("cpu"))
         if device.type != "cuda":
             return f"the CUDA-graph kernel replays a GPU learner; this one is on {device}"
+        if getattr(getattr(algo, "cfg", None), "lr_schedule", "constant") != "constant":
+            return "a learning-rate schedule changes lr between phases, which a captured graph keeps fixed"
         return None
 
     @property

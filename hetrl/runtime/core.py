@@ -25,6 +25,7 @@ import contextlib
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
 
 import numpy as np
 import torch
@@ -107,6 +108,16 @@ class Counters:
     params_version: int = 0
 
 
+@dataclass(frozen=True)
+class LinearLR:
+    """lr x progress remaining (rl-zoo's lin_X); picklable."""
+
+    lr: float
+
+    def __call__(self, progress_remaining: float) -> float:
+        return self.lr * progress_remaining
+
+
 class LearnerCore:
     """The learner side of a run: set up once per run by its schedule, in the learner's process.
 
@@ -146,6 +157,11 @@ class LearnerCore:
         self.ratio = ReplayRatio.overlapped(self, lay, servers) if lay is not None else ReplayRatio.alternating(self)
         self.restarts = Restarts(self)
         self._t0: float | None = None
+        # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
+        # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
+        # (the SB3-style classes' callable learning_rate)
+        self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
+        self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
 
     def twin(self):
@@ -161,6 +177,15 @@ class LearnerCore:
         self.kernel = kernels.build(choice, self.algo)
         self.governor.apply = self.kernel.use_threads
         self.governor.apply(self.governor.threads)
+
+    def load_algo(self, state: dict) -> None:
+        """New parameters and optimizer state between phases (the SB3-style classes' set_parameters): the kernel is
+        built again on them (it may hold views or a captured graph of the tensors replaced), actors get the policy."""
+        self.algo.load_state_dict(state)
+        self._use_kernel(self.kernel_choice)
+        self._lr = None
+        if self.params is not None:
+            self.publish()
 
     def close(self) -> None:
         """Give back what the learner changed in this process: the kernel's settings, torch's thread count."""
@@ -271,6 +296,8 @@ class LearnerCore:
     def learn(self, stack: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One learner call: weights.shape[0] gradient steps on stacked batches; returns |TD| (K, B)."""
         self.governor.tick()
+        if self.lr_at is not None:
+            self.schedule_lr()
         t0 = time.perf_counter()
         td = self.kernel.learn(stack, weights)
         self.learned(td, weights.shape[0], time.perf_counter() - t0)
@@ -311,6 +338,14 @@ class LearnerCore:
         c.phases += 1
         if c.gradient_steps - self._published_at >= self.publish_every:
             self.publish(changed_only=True)
+
+    def schedule_lr(self) -> None:
+        """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3
+        computes it before each training call); set only when it changed."""
+        lr = float(self.lr_at(1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))))
+        if lr != self._lr:
+            self.algo.set_lr(lr)
+            self._lr = lr
 
     def publish(self, changed_only: bool = False) -> None:
         """The policy's weights to the parameter store, as the next version. `changed_only`: not when the
@@ -477,6 +512,9 @@ class Schedule(abc.ABC):
 
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
+
+    def extended(self) -> None:
+        """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
 
     def transport_figures(self) -> dict:
         return {}

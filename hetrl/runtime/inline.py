@@ -42,6 +42,9 @@ class InlineSchedule(Schedule):
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
         cfg, core, c = self.cfg, self.core, self.c
+        new = self.params.latest(self.actor.params_version)   # the newest policy (a phase's, or one loaded between)
+        if new is not None:
+            self.actor.load(*new)
         t0 = time.perf_counter()
         before = self.actor.env_steps
         left = cfg.steps - c.env_steps
@@ -54,9 +57,6 @@ class InlineSchedule(Schedule):
         core.inserted(steps, self.actor.params_version, busy_s=t1 - t0)
         c.replay_s += time.perf_counter() - t1
         self._learn()
-        new = self.params.latest(self.actor.params_version)
-        if new is not None:
-            self.actor.load(*new)
         self._episodes.extend(self.actor.drain_episodes())
 
     def _learn(self) -> None:

@@ -175,6 +175,11 @@ class LocalSchedule(Schedule):
         self.startup_s = time.perf_counter() - t0
         self.c.learner_wait_s = waited
 
+    def extended(self) -> None:
+        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
+            self._finished = False
+            self._restart_actors()
+
     def _restart_actors(self) -> None:
         self._fleet.shutdown()
         self._start_actors()

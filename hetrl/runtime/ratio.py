@@ -40,7 +40,7 @@ class ReplayRatio:
                  error_buffer: float | None = None, rate_limit: bool = True, overlap: bool = False,
                  servers: int = 0):
         cfg = core.cfg
-        self.core, self.B, self.steps = core, cfg.batch_size, cfg.steps
+        self.core, self.B = core, cfg.batch_size
         self.spi, self.min_size = float(spi), int(min_size)
         self.group = group or UNBOUNDED          # batches per learner call at most
         self.chunk = chunk                       # env steps per grant
@@ -50,6 +50,11 @@ class ReplayRatio:
         self.prioritized, self.priority_lag = bool(cfg.prioritized), int(cfg.priority_lag)
         self.unwritten = 0                       # batches drawn whose priorities are not written yet
         self.lag_max = 0                         # the most such batches any batch was drawn behind
+
+    @property
+    def steps(self) -> int:
+        """The run's env steps (read live: Run.extend raises them)."""
+        return self.core.cfg.steps
 
     @classmethod
     def alternating(cls, core) -> "ReplayRatio":

@@ -398,6 +398,11 @@ class RaySchedule(Schedule):
                 "actor_busy_fraction": self.c.acting_s / (lay.actors * wall) if wall else 0.0,
                 "startup_s": self.startup_s, "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
+    def extended(self) -> None:
+        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
+            self._finished = False
+            self._restart_actors()
+
     def _restart_actors(self) -> None:
         """After a checkpoint: the rate limiter continues from the run's counters, spread over the shards,
         and actors started with seeds for step 0 are replaced by actors with seeds for this step count."""
