@@ -23,7 +23,10 @@ What an algorithm declares:
   :meth:`policy_state`, sent to actor processes (so it must pickle);
 * :meth:`learn`: K gradient steps on K stacked batches, returning |TD| for the priorities;
 * its state (:meth:`state_dict` / :meth:`load_state_dict`: by default the modules named in ``nets``
-  and the optimizers in ``optims``), and its replay fields (:meth:`replay_fields`).
+  and the optimizers in ``optims``), and its replay fields (:meth:`replay_fields`);
+* optionally ``sb3``, a :class:`hetrl.sb3compat.SB3Compat`: what its Stable-Baselines3-style class
+  (``hetrl.sb3.model_class(name)``) takes from SB3: the class name, the constructor's defaults, the policy's
+  default layers and policy_kwargs, SB3's policy file; without it the class is the generic one.
 
 The learner core (hetrl/runtime/core.py) owns everything else: replay, the replay ratio, counters,
 publishing, checkpoints, evaluation, restarts. A learner *kernel* (hetrl/kernels/) may run `learn`'s
@@ -41,6 +44,7 @@ import torch
 
 from hetrl.config import Config
 from hetrl.errors import UsageError
+from hetrl.sb3compat import SB3Compat
 
 
 class ActingPolicy(Protocol):
@@ -122,6 +126,8 @@ class Algorithm:
     shape_settings: ClassVar[tuple[str, ...]] = ()
     # settings that change when it learns or acts: also shared by a population's members
     schedule_settings: ClassVar[tuple[str, ...]] = ()
+    # its Stable-Baselines3 facts for the SB3-style class (hetrl/sb3compat.py); None: the generic class
+    sb3: ClassVar[SB3Compat | None] = None
     updates: int = 0                              # gradient steps taken (checkpointed)
 
     def __init__(self, cfg: Config, obs_space: gym.Space, act_space: gym.Space,
