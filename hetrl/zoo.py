@@ -102,7 +102,7 @@ def settings(path: str | Path, algo: str, env: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if "n_timesteps" in e:
             out["steps"] = int(float(e.pop("n_timesteps")))
-        policy = sb3args.policy_name(e.pop("policy", "MlpPolicy"))
+        policy = sb3args.policy_name(e.pop("policy", "MlpPolicy"), algo)
         num_envs = int(e.pop("n_envs", 1))
         out["num_envs"] = num_envs
         out["frame_stack"] = int(e.pop("frame_stack", 1) or 1)

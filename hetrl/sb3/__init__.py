@@ -25,10 +25,10 @@ def class_for(attr: str):
     from hetrl import registry
     from hetrl.sb3.model import class_name
 
-    for name in registry.names():
-        if class_name(name) == attr:
-            return model_class(name)
-    return None
+    name = attr.lower()   # a class name spells its algorithm's registered name (hetrl/sb3compat.py)
+    if name not in registry.names():
+        return None
+    return model_class(name) if class_name(name) == attr else None
 
 
 def __getattr__(attr: str):

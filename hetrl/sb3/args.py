@@ -2,7 +2,8 @@
 (hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/zoo.py).
 
 `sb3_defaults(algo)` are SB3's (or SB3-contrib's) constructor defaults, filled in where the user gives no
-value: the class API is SB3's contract, not hetrl's presets. `to_settings` turns SB3 arguments into hetrl
+value: the class API is SB3's contract, not hetrl's presets. What differs between algorithms (defaults, the
+policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3compat.py). `to_settings` turns SB3 arguments into hetrl
 settings and refuses, with one line naming it, an argument or value hetrl cannot honour.
 
 Units: SB3's train_freq counts calls to the vector env's step() (n_envs transitions each); hetrl's
@@ -18,35 +19,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hetrl import sb3compat
 from hetrl.errors import UsageError
 
-# The arguments every SB3 off-policy algorithm takes (after policy and env), and those after the algorithm's own
-COMMON = ("learning_rate", "buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq",
-          "gradient_steps", "action_noise", "replay_buffer_class", "replay_buffer_kwargs", "optimize_memory_usage",
-          "n_steps")
-TAIL = ("stats_window_size", "tensorboard_log", "policy_kwargs", "verbose", "seed", "device")
-_REPLAY = dict(replay_buffer_class=None, replay_buffer_kwargs=None, optimize_memory_usage=False, n_steps=1)
-_AC = dict(buffer_size=1_000_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99, train_freq=1,
-           gradient_steps=1, action_noise=None, **_REPLAY)
-_SDE = dict(use_sde=False, sde_sample_freq=-1, use_sde_at_warmup=False)
-_TAIL = dict(stats_window_size=100, tensorboard_log=None, policy_kwargs=None, verbose=0, seed=None, device="auto")
-
-# SB3's (and SB3-contrib's CrossQ) constructor arguments and defaults, in their order
-SB3: dict[str, dict[str, Any]] = {
-    "dqn": dict(learning_rate=1e-4, buffer_size=1_000_000, learning_starts=100, batch_size=32, tau=1.0, gamma=0.99,
-                train_freq=4, gradient_steps=1, **_REPLAY, target_update_interval=10_000, exploration_fraction=0.1,
-                exploration_initial_eps=1.0, exploration_final_eps=0.05, max_grad_norm=10.0, **_TAIL),
-    "sac": dict(learning_rate=3e-4, **_AC, ent_coef="auto", target_update_interval=1, target_entropy="auto", **_SDE,
-                **_TAIL),
-    "td3": dict(learning_rate=1e-3, **_AC, policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5, **_TAIL),
-    "ddpg": dict(learning_rate=1e-3, **_AC, **{k: v for k, v in _TAIL.items() if k != "stats_window_size"}),
-    "crossq": dict(learning_rate=1e-3, **{k: v for k, v in _AC.items() if k != "tau"}, ent_coef="auto",
-                   target_entropy="auto", policy_delay=3, **_SDE, **_TAIL),
-}
-# the policy's default hidden layers (policy_kwargs net_arch): MlpPolicy's, and CnnPolicy's where it differs
-NET_ARCH = {"dqn": ([64, 64], []), "sac": ([256, 256], None), "td3": ([400, 300], [256, 256]),
-            "ddpg": ([400, 300], [256, 256]), "crossq": ({"pi": [256, 256], "qf": [1024, 1024]}, None)}
-N_CRITICS = {"sac": 2, "td3": 2, "ddpg": 1, "crossq": 2}
+# the arguments after every SB3 off-policy algorithm's own (the class keeps them; no hetrl setting)
+TAIL = tuple(sb3compat.TAIL)
 ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh", "ELU": "elu"}
 POLICIES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy")
 # policy_kwargs of SB3 that only act with gSDE (use_sde=True, refused here): no effect without it, in SB3 too
@@ -55,11 +32,19 @@ SDE_ONLY = ("log_std_init", "use_expln", "clip_mean", "full_std")
 RENAMED = {"learning_rate": "lr", "n_steps": "n_step"}
 
 
+def compat(algo: str) -> sb3compat.SB3Compat:
+    """The SB3 facts the algorithm registered as `algo` declares (its `sb3` attribute; the generic ones if none)."""
+    from hetrl import registry
+
+    return sb3compat.of(registry.get(algo))
+
+
 def sb3_defaults(algo: str) -> dict[str, Any]:
-    """SB3's constructor arguments of `algo` and their defaults (for an algorithm SB3 lacks: the common ones of
-    an off-policy algorithm, with the defaults of the algorithm's own settings)."""
-    if algo in SB3:
-        return dict(SB3[algo])
+    """SB3's constructor arguments of `algo` and their defaults (the algorithm's `sb3.defaults`; for one that
+    declares none: the common ones of an off-policy algorithm, with the defaults of the algorithm's own settings)."""
+    own = compat(algo).defaults
+    if own is not None:
+        return dict(own)
     from hetrl.config import settings_class
 
     cls = settings_class(algo)
@@ -69,15 +54,16 @@ def sb3_defaults(algo: str) -> dict[str, Any]:
                                                          "gamma", "train_freq", "gradient_steps")},
            "action_noise": None, "replay_buffer_class": None, "replay_buffer_kwargs": None,
            "optimize_memory_usage": False, "n_steps": d["n_step"]}
-    out.update(_TAIL)
+    out.update(sb3compat.TAIL)
     return out
 
 
-def policy_name(policy: Any) -> str:
-    """'MlpPolicy' / 'CnnPolicy' / 'MultiInputPolicy' from the string or SB3's policy class of that name."""
+def policy_name(policy: Any, algo: str) -> str:
+    """'MlpPolicy' / 'CnnPolicy' / 'MultiInputPolicy' from the string or SB3's policy class of that name (or of
+    `algo`'s own name for its MlpPolicy, e.g. SACPolicy: its `sb3.policy_aliases`)."""
     name = policy if isinstance(policy, str) else getattr(policy, "__name__", repr(policy))
-    aliases = {"SACPolicy": "MlpPolicy", "TD3Policy": "MlpPolicy", "DQNPolicy": "MlpPolicy", "CrossQPolicy": "MlpPolicy"}
-    name = aliases.get(name, name)
+    if name in compat(algo).policy_aliases:
+        name = "MlpPolicy"
     if name not in POLICIES:
         raise UsageError(f"policy={name!r} is not supported; hetrl builds its networks from policy_kwargs: pass "
                          "'MlpPolicy', 'CnnPolicy' (image observations) or 'MultiInputPolicy' (Dict observations)")
@@ -173,14 +159,16 @@ def action_noise(noise: Any, act_dim: int | None) -> dict[str, Any]:
 def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str]) -> dict[str, Any]:
     """net_arch (list, or dict(pi=..., qf=...)), activation_fn, n_critics, normalize_images and SB3's defaults of
     the optimizer and feature extractor; a key naming a setting of the algorithm (e.g. layer_norm) passes."""
+    sig = compat(algo)
     kw = dict(kwargs or {})
     out: dict[str, Any] = {}
-    default_arch, cnn_arch = NET_ARCH.get(algo, (None, None))
+    default_arch, cnn_arch = sig.net_arch, sig.cnn_net_arch
     arch = kw.pop("net_arch", (cnn_arch if policy == "CnnPolicy" and cnn_arch is not None else default_arch))
     if isinstance(arch, dict):
         unknown = set(arch) - {"pi", "qf"}
-        if unknown or algo == "dqn":
-            raise UsageError(f"policy_kwargs net_arch={arch!r}: {'DQN takes a list' if algo == 'dqn' else 'only pi and qf'}"
+        if unknown or not sig.net_arch_dict:
+            what = "only pi and qf" if sig.net_arch_dict else f"{algo.upper()} takes a list"
+            raise UsageError(f"policy_kwargs net_arch={arch!r}: {what}"
                              "; e.g. net_arch=[256, 256] or dict(pi=[64, 64], qf=[400, 300])")
         pi, qf = list(arch.get("pi", [])), list(arch.get("qf", []))
         out["net_arch"], out["qf_arch"] = pi, ([] if qf == pi else qf)
@@ -199,9 +187,10 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
         out["activation"] = "relu"
     if "n_critics" in kw:
         n = kw.pop("n_critics")
-        if algo not in N_CRITICS or n != N_CRITICS[algo]:
-            raise UsageError(f"policy_kwargs n_critics={n}: hetrl's {algo.upper()} has "
-                             f"{N_CRITICS.get(algo, 'its own number of')} critic(s); drop n_critics")
+        if sig.n_critics is None or n != sig.n_critics:
+            have = "its own number of" if sig.n_critics is None else sig.n_critics
+            raise UsageError(f"policy_kwargs n_critics={n}: hetrl's {algo.upper()} has {have} critic(s); "
+                             "drop n_critics")
     if kw.pop("normalize_images", True) is not True:
         raise UsageError("policy_kwargs normalize_images=False: hetrl's CNN always scales pixels to [0, 1]; drop it")
     opt = kw.pop("optimizer_class", None)
@@ -209,7 +198,7 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
         raise UsageError(f"policy_kwargs optimizer_class={getattr(opt, '__name__', opt)}: hetrl's learners use Adam "
                          "(a flat fused Adam, and the compiled kernel's); drop optimizer_class")
     opt_kw = kw.pop("optimizer_kwargs", None) or {}
-    if any(k not in ("eps",) or v != 1e-8 for k, v in opt_kw.items()) and not (algo == "crossq" and opt_kw == {"betas": (0.5, 0.999)}):
+    if any(k not in ("eps",) or v != 1e-8 for k, v in opt_kw.items()) and opt_kw not in sig.optimizer_kwargs:
         raise UsageError(f"policy_kwargs optimizer_kwargs={opt_kw}: hetrl's Adam takes its defaults only; drop them")
     fe = kw.pop("features_extractor_class", None)
     want = "NatureCNN" if policy == "CnnPolicy" else ("CombinedExtractor" if policy == "MultiInputPolicy" else "FlattenExtractor")
@@ -220,7 +209,7 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
     if fe_kw and not (policy == "CnnPolicy" and fe_kw == {"features_dim": 512}):
         raise UsageError(f"policy_kwargs features_extractor_kwargs={fe_kw} is not supported; drop it")
     kw.pop("share_features_extractor", None)   # an MLP's flatten extractor has no parameters to share
-    if algo in ("sac", "crossq"):
+    if sig.sde_kwargs:
         for k in SDE_ONLY:
             kw.pop(k, None)
     for k in list(kw):

@@ -50,7 +50,6 @@ from hetrl.sb3.logger import Logger, configure
 MODEL_FILE = "hetrl-model.json"
 MODEL_FORMAT = "hetrl-sb3-model/1"
 OWN = ("plan", "objective", "allow_more_envs", "out", "force", "save_replay")   # hetrl keywords beside settings
-_NAMES = {"crossq": "CrossQ"}
 
 
 class ReplayBufferView:
@@ -92,7 +91,7 @@ class OffPolicyModel:
         given = dict(bound.arguments)
         extra = given.pop("hetrl_kwargs", {})
         policy, env = given.pop("policy"), given.pop("env")
-        pname = sb3args.policy_name(policy)
+        pname = sb3args.policy_name(policy, self.algo)
         conv = sb3envs.convert(env)
         own = {k: extra.pop(k) for k in OWN if k in extra}
         fields = {f.name for f in dataclasses.fields(settings_class(self.algo))}
@@ -598,7 +597,7 @@ class OffPolicyModel:
         if self.ep_info_buffer:
             lg.record("rollout/ep_rew_mean", float(np.mean([e["r"] for e in self.ep_info_buffer])))
             lg.record("rollout/ep_len_mean", float(np.mean([e["l"] for e in self.ep_info_buffer])))
-        if self.algo == "dqn":
+        if sb3args.compat(self.algo).logs_exploration_rate:
             lg.record("rollout/exploration_rate", self.exploration_rate)
         lg.record("time/fps", int(self.num_timesteps / dt))
         lg.record("time/time_elapsed", int(dt), exclude="tensorboard")
@@ -667,8 +666,11 @@ _CLASSES: dict[str, type[OffPolicyModel]] = {}
 
 
 def class_name(algo: str) -> str:
-    """The class name of a registered algorithm: SB3's (DQN, SAC, TD3, DDPG, CrossQ), else its name upper-cased."""
-    return _NAMES.get(algo, algo.upper())
+    """The class name of a registered algorithm: SB3's spelling of its name where it declares one (its
+    `sb3.class_name`: DQN, SAC, TD3, DDPG, CrossQ), else its name upper-cased."""
+    from hetrl import registry, sb3compat
+
+    return sb3compat.class_name(algo, registry.get(algo))
 
 
 def model_class(name: str) -> type[OffPolicyModel]:
