@@ -9,7 +9,7 @@ SB3 would know of it: the class's name, the constructor's arguments and defaults
 default layers, which policy_kwargs it takes, what `model.policy.save()` writes (SB3's own policy file) and
 what the training log records. An algorithm without one gets :data:`GENERIC`: the arguments every SB3
 off-policy algorithm takes, with the defaults of the algorithm's own settings. A subclass inherits its base's
-(set ``sb3 = SB3Compat()`` for the generic one). The built-ins declare theirs in their own files.
+(``sb3 = None`` for the generic one). The built-ins declare theirs in their own files.
 
 Algorithms import this module and the SB3 front end reads it; it imports nothing of hetrl but its errors.
 """

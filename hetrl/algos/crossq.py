@@ -58,8 +58,8 @@ from hetrl.algorithm import Algorithm
 from hetrl.algos.nets import FlatAdam
 from hetrl.algos.sac import SACPolicy, parse_coef, squash
 from hetrl.config import Config, check_ent_coef
-from hetrl.sb3compat import ACTOR_CRITIC, SDE, TAIL, SB3Compat
 from hetrl.errors import UsageError
+from hetrl.sb3compat import ACTOR_CRITIC, SDE, TAIL, SB3Compat
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
