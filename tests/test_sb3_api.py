@@ -82,6 +82,45 @@ def test_every_registered_algorithm_gets_a_class():
         registry._REGISTRY.pop("mydqn", None)
 
 
+def test_a_users_algorithm_gets_the_generic_class_or_the_one_its_sb3_attribute_declares(tmp_path):
+    """docs/extending.md's TwinQ declares no `sb3`: its class takes SB3's common off-policy arguments with the
+    defaults of its own settings; a subclass declaring an SB3Compat gets its class name, layers and critics."""
+    import extending_example
+
+    from hetrl import registry
+    from hetrl.sb3 import model_class
+    from hetrl.sb3compat import SB3Compat
+
+    cls = hetrl.TWINQ
+    assert cls is model_class("twinq") and cls.__name__ == "TWINQ"
+    params = inspect.signature(cls).parameters
+    own = extending_example.TwinQSettings()
+    assert list(params)[:3] == ["policy", "env", "learning_rate"] and "n_steps" in params and "device" in params
+    assert (params["learning_rate"].default, params["tau"].default, params["batch_size"].default) == \
+        (own.lr, own.tau, own.batch_size)
+    m = cls("MlpPolicy", "CartPole-v1", **FAST_DQN)
+    assert (m.hetrl_settings["tau"], m.hetrl_settings["net_arch"]) == (own.tau, [32, 32])
+    m.learn(300)
+    assert m.num_timesteps == 300 and type(m._algo()) is extending_example.TwinQ
+    assert m.predict(np.zeros(4, np.float32), deterministic=True)[0] in (0, 1)
+    with pytest.raises(UsageError, match="n_critics=2"):
+        cls("MlpPolicy", "CartPole-v1", policy_kwargs={"n_critics": 2})
+    if sb3 is not None:
+        with pytest.raises(UsageError, match="no Stable-Baselines3 policy class"):
+            m.policy.save(tmp_path / "policy")
+
+    class MyTwinQ(extending_example.TwinQ):
+        sb3 = SB3Compat(class_name="MyTwinQ", net_arch=[24], n_critics=2, policy_aliases=("TwinQPolicy",))
+
+    hetrl.register_algorithm("mytwinq", MyTwinQ, replace=True)
+    try:
+        m = hetrl.MyTwinQ("TwinQPolicy", "CartPole-v1", policy_kwargs={"n_critics": 2}, seed=0, plan="none")
+        assert type(m).__name__ == "MyTwinQ" and m.policy_class == "MlpPolicy"
+        assert m.get_parameters()["q"]["0.0.weight"].shape == (24, 4)
+    finally:
+        registry._REGISTRY.pop("mytwinq", None)
+
+
 def test_hetrl_keywords_pass_through():
     m = DQN("MlpPolicy", "CartPole-v1", schedule="local", actors=2, learner_kernel="public", double=True, seed=0)
     s = m.hetrl_settings
