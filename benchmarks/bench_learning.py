@@ -236,9 +236,9 @@ def main() -> None:
     bad = [r for r in runs if r not in RUNS]
     if bad:
         raise SystemExit(f"--runs: unknown {', '.join(bad)}; choose from {', '.join(RUNS)}")
-    from hetrl.config import load_presets
+    from hetrl import registry
 
-    presets = load_presets()
+    presets = {a: registry.presets(a) for a in registry.names()}
     cases = [(a, e) for a, e in CASES if a in algos and (envs is None or e in envs) and e in presets.get(a, {})]
     if envs:
         unknown = [e for e in envs if not any(e == c[1] for c in cases)]

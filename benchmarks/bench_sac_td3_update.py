@@ -8,10 +8,9 @@ fastest of them all). The FLOPs of an update are the matrix products the torch p
 (the compiled phase does the same ones). As in a run: denormals flushed (hetrl/runtime/core.py), a fresh batch
 per update (a pool of 32, cycled).
 
-Until 2026-11-25 the OpenBLAS figure was measured on two threads: numba loads scipy's OpenBLAS on the first call
-of a function using np.dot, and the function was first called inside `threadpool_limits(1)`, which limits only
-the libraries already loaded (240-265 "single-thread" GFLOP/s on an AMX Xeon, against 159-177 on one thread).
-peak() now loads it first and checks the thread count."""
+peak() loads OpenBLAS before limiting it and checks the thread count: numba loads scipy's OpenBLAS on the first
+call of a function using np.dot, and `threadpool_limits(1)` limits only the libraries already loaded, so a first
+call inside it would run the "single-thread" product on every core (docs/results.md, "The single-thread peak")."""
 import argparse
 import time
 

@@ -11,7 +11,7 @@ not counted) or `--plan none` (inline, the preset as is). A case is ALGO:ENV:STE
 (settings for every library, e.g. a shorter learning_starts). Prints env steps/s of each over the
 training (SB3/SBX: `model.learn`; hetrl: result.json's wall_s), the ratios (medians over rounds),
 and writes benchmarks/results/bench_sb3.json, with the BLAS kernels each run used (OpenBLAS chooses
-them for the CPU when it loads unless OPENBLAS_CORETYPE says otherwise: some machines here set it to
+them for the CPU when it loads unless OPENBLAS_CORETYPE says otherwise: some machines set it to
 Haswell, which leaves hetrl's compiled learner on AVX2 kernels while SBX's XLA and torch's MKL choose
 for themselves; run `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_sb3.py ...`
 to measure what a machine without that setting runs). Needs `pip install stable-baselines3` (make bench),

@@ -6,7 +6,7 @@ Usage:
     python benchmarks/bench_td3_lanes.py [--rounds 5] [--calls 400]
 
 One `learn()` of the Pendulum-v1 preset (batch 256, 400x300) per call, after 20 warm-up calls per round;
-prints ms per call of each split per round and the medians (docs/compiled.md#threads-lanes)."""
+prints ms per call of each split per round and the medians (docs/compiled.md, "Threads: lanes")."""
 import argparse
 import statistics
 import time

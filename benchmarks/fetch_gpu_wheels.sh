@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The wheels benchmarks/gpu_check.py needs on the lent GPU machine (docs/gpu.md), into .whl/.
+# The wheels benchmarks/gpu_check.py needs on an offline GPU machine (docs/gpu.md), into .whl/.
 #
 #   bash benchmarks/fetch_gpu_wheels.sh
 #
-# That machine (Python 3.12, torch 2.11 CUDA, numpy, numba, rich, tensorboard, matplotlib, pyyaml,
+# Such a machine (Python 3.12, torch 2.11 CUDA, numpy, numba, rich, tensorboard, matplotlib, pyyaml,
 # pytest, pytest-timeout, cloudpickle, pandas, nvidia-ml-py, no network) lacks gymnasium, ale-py,
 # ray and stable-baselines3. hetrl runs there from the tree (PYTHONPATH), not pip-installed: its
 # pinned dependencies would not resolve offline. Versions are our venv's where it has the package.
@@ -36,7 +36,7 @@ PURE=("gymnasium==$(ver gymnasium 1.4.0)"
       "stable-baselines3==$(ver stable-baselines3 2.9.2)")
 COMPILED=("ale-py==$(ver ale-py 0.12.1)")
 
-# the folder must stay out of git (the device tool carries it by name: carry [".whl"])
+# the folder must stay out of git (it travels to the GPU machine beside the tree, by name)
 if ! git check-ignore -q "$DEST/probe.whl"; then
     echo "/$DEST/" >> "$(git rev-parse --git-path info/exclude)"
     echo "added /$DEST/ to $(git rev-parse --git-path info/exclude)"

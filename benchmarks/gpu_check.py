@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One command for a session lent a GPU machine: hetrl's CUDA paths, learner speed, planner, peers.
+"""The GPU check: hetrl's CUDA paths, learner speed, planner and peers on a GPU machine, in one command.
 
     python benchmarks/gpu_check.py [--quick] [--out DIR] [--stages a,b,c,d,e,f] [--max-s S]
     python benchmarks/gpu_check.py --merge A/gpu_check.json B/gpu_check.json [--out DIR]
@@ -29,7 +29,7 @@ is left). Writes, in DIR (--out, else $OUT, else benchmarks/results/gpu_check): 
 (everything), gpu_check.txt (the summary), gpu_check_learner.png, gpu_check_sweep.png and
 gpu_check_logs.txt (the stages' output); run directories, logs and the profile cache go to a
 scratch folder (--work). An existing gpu_check.json in DIR is merged: stages not run now are kept.
-See docs/gpu.md for the two device calls that run it all.
+See docs/gpu.md for running it all in two parts on an offline GPU machine.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 SCHEMA = "hetrl-gpu-check/1"
 
-# (letter, name, wall budget in seconds on the GPU machine); the two device calls of docs/gpu.md
+# (letter, name, wall budget in seconds on the GPU machine); the two parts of docs/gpu.md
 # run a,b,c,e (540 s) and a,d,f (540 s)
 STAGES = [("a", "env", 30), ("b", "tests", 120), ("c", "learner", 240), ("d", "planner", 300),
           ("e", "sb3", 150), ("f", "sweep", 210)]

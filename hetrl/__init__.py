@@ -5,6 +5,8 @@
     run.evaluate(episodes=10)
     run.save("runs/cartpole")
     policy = hetrl.load("runs/cartpole"); action = policy.act(obs)
+
+An algorithm of your own: subclass hetrl.Algorithm and hetrl.register_algorithm("name", cls) (docs/extending.md).
 """
 
 __version__ = "0.1.0"
@@ -17,6 +19,7 @@ __version__ = "0.1.0"
 # multi-threaded learner on cores that busy actors share (hetrl/planner/model.py, SPIN).
 
 from hetrl.errors import HetrlError, UsageError  # noqa: E402
+from hetrl.registry import register_algorithm  # noqa: E402
 
 
 def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for the CLI's --help
@@ -24,7 +27,16 @@ def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for
         from hetrl import api
 
         return getattr(api, name)
+    if name in ("Algorithm", "ActingPolicy"):
+        from hetrl import algorithm
+
+        return getattr(algorithm, name)
+    if name == "Config":
+        from hetrl.config import Config
+
+        return Config
     raise AttributeError(name)
 
 
-__all__ = ["train", "resume", "load", "Run", "Policy", "HetrlError", "UsageError", "__version__"]
+__all__ = ["train", "resume", "load", "Run", "Policy", "register_algorithm", "Algorithm", "ActingPolicy", "Config",
+           "HetrlError", "UsageError", "__version__"]

@@ -1,8 +1,12 @@
-"""The Python API, in the spirit of Stable-Baselines3:
+"""The Python API, the one path every front end takes (the `hetrl` command, the SB3-style classes):
 
     run = hetrl.train("dqn", env="CartPole-v1", steps=50_000, seed=0)
     run.evaluate(episodes=10); run.save("runs/cartpole")
     policy = hetrl.load("runs/cartpole"); policy.act(obs)
+
+`train` makes the config (the algorithm's defaults < its preset < the user's settings), checks the env
+against the algorithm, plans the system (plan="auto": the planner sets config.SYSTEM_KEYS only), builds a
+`Run` and drives it; `resume` continues a saved run under any schedule; `load` gives its policy.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ import contextlib
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +25,11 @@ import torch
 import hetrl
 from hetrl.actors.envs import FLATTENED, EnvSpec, env_name, prepare_env, probe_spaces, raw_observation_space
 from hetrl.algos import make_algorithm
-from hetrl.checkpoint import FORMAT, atomic_save, check_out_dir, read_checkpoint, read_replay, write_json
-from hetrl.config import Config, make_config, read_config_file
+from hetrl.checkpoint import check_out_dir, read_checkpoint, read_replay, save_run, write_json
+from hetrl.config import Config, make_config, migrate, read_config_file
 from hetrl.errors import UsageError
-from hetrl.evaluate import evaluate
+from hetrl.evaluate import REPORT_SEED, Evaluations, evaluate
 from hetrl.logger import Logger
-
-
-SELECT_SEED, REPORT_SEED = 10_000, 20_000   # eval env seeds (offsets): choosing the best vs reporting it
 
 
 def _is_one(space: gym.Space, obs: Any) -> bool:
@@ -96,22 +96,28 @@ class Policy:
 
 
 class Run:
-    """A training run: its config, the schedule that holds every part, and its figures.
+    """A training run: its config, the schedule that holds every part, its evaluations and figures.
 
-    The run owns its schedule: `learn()` closes it when training ends, however it ends (finished,
-    Ctrl-C / SIGTERM, an error); so does `close()` and leaving a `with Run(...)` block."""
+    `learn()` drives the schedule's phases until the run has its env steps, evaluates on the way (the best
+    policy is kept: hetrl/evaluate.py), calls the user's callback at phase boundaries, and saves a checkpoint
+    on every way out (finished, Ctrl-C / SIGTERM, an error). It closes the schedule when training ends unless
+    `keep_open` (a model that will learn again, the SB3-style classes); so do `close()` and leaving a
+    `with Run(...)` block."""
 
-    def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False):
+    def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False,
+                 plan_info: dict | None = None):
         from hetrl.runtime import make_schedule
 
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
         self.schedule = make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
-        self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM"
-        self.best: dict[str, Any] = {}   # best evaluated policy: state, env_steps, eval_return_mean
-        self.plan_info: dict[str, Any] = {}  # the planner's plan and predicted figures (--plan auto)
-        self.eval_s = 0.0
+        self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
+        self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
+        self.evaluations = Evaluations(cfg.eval_episodes, self._eval_interval(), cfg.seed, cfg.eval_max_steps)
         self._replay_saved = False
+
+    def _eval_interval(self) -> int:
+        return self.cfg.eval_interval or max(1, self.cfg.steps // 10)
 
     def close(self) -> None:
         self.schedule.close()
@@ -127,6 +133,15 @@ class Run:
         return self.schedule.algo
 
     @property
+    def env_steps(self) -> int:
+        return self.schedule.c.env_steps
+
+    @property
+    def best(self) -> dict:
+        """The best evaluated policy: state, env_steps, eval_return_mean (empty before an evaluation)."""
+        return self.evaluations.best
+
+    @property
     def policy(self) -> Policy:
         """The run's policy: the best evaluated one when keep_best, else the latest."""
         if self.cfg.keep_best and self.best:
@@ -137,52 +152,44 @@ class Run:
     def last_policy(self) -> Policy:
         return Policy(self.algo, self.cfg, self.env)
 
-    def _periodic_eval(self, logger: Logger) -> None:
-        """Evaluate the latest policy; keep it if it is the best so far (SB3's EvalCallback).
-
-        A policy that scores at least the best's score on its first episodes plays as many
-        again on other seeds, and competes with the mean of both: one lucky set of episodes
-        cannot displace a policy that was confirmed (the winner's curse of picking the max of
-        noisy evaluations)."""
-        t = time.perf_counter()
-        n, seed = self.cfg.eval_episodes, self.cfg.seed + SELECT_SEED
-        policy = self.last_policy
-        ev = policy.evaluate(n, seed=seed)
-        steps = self.schedule.c.env_steps
-        logger.scalar("eval/return_mean", ev["eval_return_mean"], steps)
-        score = ev["eval_return_mean"]
-        if not self.best or score >= self.best["eval_return_mean"]:
-            again = policy.evaluate(n, seed=seed + n)
-            score = (score + again["eval_return_mean"]) / 2
-        if not self.best or score >= self.best["eval_return_mean"]:
-            self.best = {"state": {k: v.detach().to("cpu", copy=True) for k, v in self.algo.policy_state().items()},
-                         "env_steps": steps, "eval_return_mean": score}
-        self.eval_s += time.perf_counter() - t
+    def extend(self, steps: int) -> None:
+        """Train to `steps` env steps in all (a later `learn()` goes on from where this run is)."""
+        if steps <= self.env_steps:
+            raise UsageError(f"steps={steps:,} is not beyond the {self.env_steps:,} env steps already done")
+        self.cfg.steps = int(steps)   # the config object every part reads (exploration schedules, the ratio)
+        self.evaluations.interval = self._eval_interval()
+        self.evaluations.start(self.env_steps)
 
     # ---- training ----------------------------------------------------------------------
-    def learn(self, progress: bool = True) -> "Run":
-        """Train to cfg.steps. Ctrl-C or SIGTERM stops at the end of the current phase and saves;
-        the schedule is closed on every way out."""
+    def learn(self, progress: bool = True, callback=None, keep_open: bool = False) -> "Run":
+        """Train to cfg.steps. `callback`: an object with any of `training_start(run)`, `phase(run, episodes)`
+        (returns False to stop the run) and `training_end(run)`, called in this process at phase boundaries.
+        Ctrl-C or SIGTERM stops at the end of the current phase and saves."""
         s, core = self.schedule, self.schedule.core
         logger = Logger(self.out, self.cfg.steps, self.cfg.log_interval, progress, start_step=s.c.env_steps)
-        periodic = self.cfg.keep_best and self.cfg.eval_episodes > 0
-        interval = self.cfg.eval_interval or max(1, self.cfg.steps // 10)
-        next_eval = (s.c.env_steps // interval + 1) * interval
+        self.evaluations.start(s.c.env_steps)
+        self.interrupted = False
         core.start_clock()
         try:
             with stop_signals() as stop:
+                _hook(callback, "training_start", self)
                 while not s.done() and not stop:
                     eps = s.phase()
                     core.tick()
-                    if periodic and (s.c.env_steps >= next_eval or s.done()):
+                    if self.evaluations.due(s.c.env_steps, s.done()):
                         with core.clock_paused():
-                            self._periodic_eval(logger)
-                        next_eval = (s.c.env_steps // interval + 1) * interval
+                            last = self.last_policy
+                            ev = self.evaluations.run(last.act, last.eval_env, s.c.env_steps, self.algo.policy_state)
+                        logger.scalar("eval/return_mean", ev["eval_return_mean"], s.c.env_steps)
                     logger.episodes(eps)
                     f = s.figures()
                     logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
                                   len(logger.returns))
-            self.interrupted = stop.signal or False
+                    if _hook(callback, "phase", self, eps) is False:
+                        self.interrupted = "callback"
+                        break
+            self.interrupted = stop.signal or self.interrupted
+            _hook(callback, "training_end", self)
             self.result = self._result()
             self._calibrate()
             if self.out is not None:
@@ -200,9 +207,11 @@ class Run:
                     else:
                         self.out.mkdir(parents=True, exist_ok=True)
                         write_json(self.result, self.out / "result.json")
+            self.schedule.close()
             raise
         finally:
             logger.close()
+        if not keep_open:
             self.schedule.close()
         return self
 
@@ -238,32 +247,36 @@ class Run:
         return ev
 
     def _result(self) -> dict:
+        best = self.best
         return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
                 "schedule": self.cfg.schedule, **self.schedule.figures(),
                 "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
                 "device": str(self.schedule.device), "interrupted": self.interrupted,
-                "eval_s": self.eval_s, "policy": "best" if self.cfg.keep_best and self.best else "last",
-                **({"best_env_steps": self.best["env_steps"], "best_select_return_mean": self.best["eval_return_mean"]}
-                   if self.best else {}),
+                "eval_s": self.evaluations.seconds, "policy": "best" if self.cfg.keep_best and best else "last",
+                **({"best_env_steps": best["env_steps"], "best_select_return_mean": best["eval_return_mean"]}
+                   if best else {}),
+                "evaluations": self.evaluations.history,
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
                 **self.plan_info, "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
-        d = Path(path)
-        d.mkdir(parents=True, exist_ok=True)
+        """checkpoint.pt (+ replay.pt) and result.json in `path` (hetrl/checkpoint.py)."""
         replay = (self.save_replay and not self._replay_saved) if replay is None else replay
         state = self.schedule.state_dict(with_replay=False)
-        if self.best:
-            state["best"] = self.best
-        atomic_save({"format": FORMAT, "hetrl_version": hetrl.__version__, "config": self.cfg.to_dict(),
-                     "env": env_name(self.env), **state}, d / "checkpoint.pt")
-        if replay:
-            atomic_save(self.schedule.replay.state_dict(), d / "replay.pt")
-            self._replay_saved = True
+        evals = self.evaluations.state_dict()
+        state["best"], state["evaluations"] = evals["best"], evals["history"]
         self.result = {**self._result(), **_evals(self.result)}
-        write_json(self.result, d / "result.json")
+        d = save_run(Path(path), config=self.cfg.to_dict(), env=env_name(self.env), state=state, result=self.result,
+                     replay=self.schedule.replay.state_dict() if replay else None)
+        self._replay_saved = self._replay_saved or bool(replay)
         return d
+
+
+def _hook(callback, name: str, *args):
+    """callback.<name>(*args) if the callback has it."""
+    fn = getattr(callback, name, None) if callback is not None else None
+    return fn(*args) if fn is not None else None
 
 
 def _evals(result: dict) -> dict:
@@ -304,16 +317,18 @@ def stop_signals():
 
 
 def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughput",
-              quiet: bool = False, allow_more_envs: bool = False) -> tuple[Config, dict[str, Any]]:
+              quiet: bool = False, allow_more_envs: bool = False, env: EnvSpec | None = None
+              ) -> tuple[Config, dict[str, Any]]:
     """The planner's best plan around the settings the user gave by hand (they are pins):
     (cfg with the plan applied, the plan and its predicted figures for result.json).
 
     The planner chooses only the system's settings (config.SYSTEM_KEYS: schedule, device, threads,
-    actors x envs_per_actor = num_envs, the learner kernel); what changes learning is the preset's
-    (and the user's), num_envs included. allow_more_envs lets it raise the env count for throughput
-    (not where the user set num_envs by hand); then a line says that the learning dynamics change.
-    result.json's `plan` lists `owned_by_preset` (every preset-owned setting and its value),
-    `chosen` (what the planner set) and `changed_learning_settings` (empty unless opted in)."""
+    actors x envs_per_actor = num_envs, the env backend, prefetch; `PlanResult.system_settings` is where
+    they are set); what changes learning is the preset's (and the user's), num_envs included.
+    allow_more_envs lets it raise the env count for throughput (not where the user set num_envs by hand);
+    then a line says that the learning dynamics change. result.json's `plan` lists `owned_by_preset`
+    (every preset-owned setting and its value), `chosen` (what the planner set) and
+    `changed_learning_settings` (empty unless opted in)."""
     import dataclasses
 
     from hetrl.config import SYSTEM_KEYS
@@ -335,7 +350,8 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
 
         connect(cfg)
         pins["schedule"], cores = "local", cluster_cpus()
-    result = plan(cfg, objective=objective, pins=pins, progress=note, cores=cores, allow_more_envs=allow_more_envs)
+    result = plan(cfg, objective=objective, pins=pins, progress=note, cores=cores, allow_more_envs=allow_more_envs,
+                  env=env if env is not None and not isinstance(env, str) else None)
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
     sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
@@ -346,29 +362,17 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     for line in result.notes:
         if "learning dynamics" in line:
             note(line)
-    new = result.apply(cfg)
-    for key in ("fastpath", "compiled"):  # the CPU learner kernel the profile measured fastest (on the CPU)
-        if key not in settings:
-            new = dataclasses.replace(new, **{key: bool(getattr(result, key)) and p.learner_device == "cpu"})
-    if "prefetch" not in settings and p.schedule != "inline":   # where measured faster than drawing in line
-        new = dataclasses.replace(new, prefetch=result.prefetch)
-    if "cuda_graph" not in settings:   # a GPU learner: the phase as one CUDA graph where measured faster
-        new = dataclasses.replace(new, cuda_graph=result.cuda_graph and p.learner_device != "cpu")
-    if cfg.env_backend == "auto":  # the env backend the profile measured faster here
-        new = dataclasses.replace(new, env_backend=result.env_backend)
-        if cfg.schedule == "ray":  # measured here; the actors may run on any node
-            from hetrl.runtime.ray_schedule import cluster_env_backend
-
-            backend, why = cluster_env_backend(new.env_backend)
-            new = dataclasses.replace(new, env_backend=backend)
-            if why:
-                note(why)
+    chosen = result.system_settings(cfg, pinned=settings)
+    new = result.apply(cfg, pinned=settings)
     if cfg.schedule == "ray":
-        new = dataclasses.replace(new, schedule="ray")
+        from hetrl.runtime.ray_schedule import cluster_env_backend
+
+        backend, why = cluster_env_backend(new.env_backend)   # measured here; the actors may run on any node
+        new = dataclasses.replace(new, schedule="ray", env_backend=backend)
+        if why:
+            note(why)
     before, after = cfg.to_dict(), new.to_dict()
-    chosen_keys = [k for k in (*p.settings(), "fastpath", "compiled", "cuda_graph", "env_backend",
-                               *(("prefetch",) if p.schedule != "inline" else ()))   # inline has no prefetch thread
-                   if k in SYSTEM_KEYS and k not in settings]
+    chosen_keys = [k for k in chosen if k in SYSTEM_KEYS and k not in settings]
     changed = {k: [before[k], after[k]] for k in after if after[k] != before[k] and k not in SYSTEM_KEYS}
     owned = {k: v for k, v in before.items() if k not in SYSTEM_KEYS and k not in ("algo", "env", "seed")}
     info = {**result.to_json(), "objective_meaning": result.objective_meaning, "allow_more_envs": allow_more_envs,
@@ -381,46 +385,79 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
 
 def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> dict[str, Any]:
     base = read_config_file(config) if isinstance(config, (str, Path)) else dict(config or {})
-    return {**base, **{k: v for k, v in settings.items() if v is not None}}
+    return migrate({**base, **{k: v for k, v in settings.items() if v is not None}})
 
 
-def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int = 0,
-          out: str | Path | None = None, force: bool = False, config: str | Path | dict | None = None,
-          save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
-          plan: str = "none", objective: str = "throughput", allow_more_envs: bool = False, **settings: Any) -> Run:
-    """Train `algo` on `env` (an id, 'module:EnvId', or a zero-argument env factory).
+def default_out(cfg: Config) -> Path:
+    """Where `hetrl train` saves a run it is not told where to: runs/ALGO-ENV-sSEED."""
+    return Path(f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
 
-    Settings not given come from the env's preset (hetrl/presets.yaml); any Config field can be
-    passed as a keyword (e.g. lr=1e-3, prioritized=True). plan="auto" lets the planner choose
-    the schedule, actor count and devices around the settings given here (`hetrl plan` shows
-    why); it keeps every learning setting, num_envs included, unless allow_more_envs=True lets it
-    raise the env count (the learning dynamics change; a num_envs given here is kept). Returns the finished Run, evaluated over `eval_episodes` episodes (0 to skip) and saved
-    to `out` if given.
-    """
+
+def prepare(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int | None = None,
+            out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
+            plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, progress: bool = True,
+            **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
+    """What `train` does before it trains: the checked config, the run directory (checked writable) and the
+    plan: (cfg with the plan's system settings, out, the plan's figures for result.json)."""
     if plan not in ("auto", "none"):
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
     over = _overrides(config, {"steps": steps, "seed": seed, **settings})
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
-    out_path = Path(out) if out is not None else None
+    from hetrl import registry
+
+    registry.get(cfg.algo).check_spaces(*probe_spaces(prepare_env(env, cfg)))   # one clear line, before planning
+    out_path = default_out(cfg) if out is True else Path(out) if out not in (None, False) else None
     if out_path is not None:  # before any profiling or training
         check_out_dir(out_path, force)
     planned: dict[str, Any] = {}
     if plan == "auto":
-        cfg, planned = auto_plan(cfg, over, objective, quiet=not progress, allow_more_envs=allow_more_envs)
-    run = Run(cfg, env, out_path, save_replay)
-    run.plan_info = planned
-    run.learn(progress=progress)
+        cfg, planned = auto_plan(cfg, over, objective, quiet=not progress, allow_more_envs=allow_more_envs, env=env)
+    return cfg, out_path, planned
+
+
+def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int | None = None,
+          out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
+          save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
+          plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, callback=None,
+          **settings: Any) -> Run:
+    """Train `algo` (a registered algorithm's name: `hetrl algorithms`) on `env` (an id, 'module:EnvId', or a
+    zero-argument env factory).
+
+    Settings not given come from the algorithm's preset for the env; any setting of the algorithm can be
+    passed as a keyword (e.g. lr=1e-3, prioritized=True; `hetrl settings ALGO` lists them). plan="auto" (the
+    default) lets the planner choose the schedule, actor count, devices and learner kernel around the settings
+    given here (`hetrl plan` shows why; the machine is profiled once and the profile cached); it keeps every
+    learning setting, num_envs included, unless allow_more_envs=True lets it raise the env count (the learning
+    dynamics change; a num_envs given here is kept); plan="none" runs the settings as given. `out`: a directory
+    to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. Returns the finished Run,
+    evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
+    """
+    cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
+                                     progress, **settings)
+    if progress:
+        print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.schedule}, "
+              f"device {cfg.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
+              file=sys.stderr)
+    run = Run(cfg, env, out_path, save_replay, plan_info=planned)
+    run.learn(progress=progress, callback=callback)
     n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
-    if n and not run.interrupted:
+    if n and run.interrupted in (False, "callback"):
         run.evaluate(n)
         if out_path is not None:
             run.save(out_path)
     return run
 
 
+def _saved_config(ckpt: dict, **changes: Any) -> Config:
+    cfgd = migrate(dict(ckpt["config"]))
+    cfgd.update(changes)
+    algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
+    return make_config(algo, env_id, cfgd)
+
+
 def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = None,
            progress: bool = True, evaluate_episodes: int | None = None, plan: str = "none",
-           objective: str = "throughput", **system: Any) -> Run:
+           objective: str = "throughput", callback=None, **system: Any) -> Run:
     """Continue the run saved in `run_dir` (to `steps` total env steps if given), under any schedule.
 
     The algorithm's settings stay those saved; `system` may change where and how the run goes on
@@ -429,26 +466,20 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     from hetrl.config import SYSTEM_KEYS
 
     ckpt = read_checkpoint(run_dir)
-    cfgd = dict(ckpt["config"])
     done = ckpt["counters"]["env_steps"]
-    if steps is not None:
-        if steps <= done:
-            raise UsageError(f"--steps {steps} is not beyond the {done} env steps already done; pass a larger total")
-        cfgd["steps"] = steps
+    if steps is not None and steps <= done:
+        raise UsageError(f"--steps {steps} is not beyond the {done} env steps already done; pass a larger total")
     system = {k: v for k, v in system.items() if v is not None}
     fixed = sorted(k for k in system if k not in SYSTEM_KEYS)
     if fixed:
         raise UsageError(f"--resume keeps the algorithm's settings saved in the run, so {', '.join(fixed)} cannot "
                          f"change; only the system's may ({', '.join(SYSTEM_KEYS)})")
-    cfgd.update(system)
-    algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
-    cfg = make_config(algo, env_id, cfgd)
+    cfg = _saved_config(ckpt, **system, **({"steps": steps} if steps is not None else {}))
     planned: dict[str, Any] = {}
     if plan == "auto":
         cfg, planned = auto_plan(cfg, system, objective, quiet=not progress)
     replay = read_replay(run_dir)
-    run = Run(cfg, env or env_id, Path(run_dir), save_replay=replay is not None)
-    run.plan_info = planned
+    run = Run(cfg, env or cfg.env, Path(run_dir), save_replay=replay is not None, plan_info=planned)
     state = dict(ckpt)
     if replay is not None:
         state["replay"] = replay
@@ -457,10 +488,10 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     except BaseException:
         run.close()
         raise
-    run.best = dict(ckpt.get("best", {}))
-    run.learn(progress=progress)
+    run.evaluations.load_state_dict({"best": ckpt.get("best"), "history": ckpt.get("evaluations", [])})
+    run.learn(progress=progress, callback=callback)
     n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
-    if n and not run.interrupted:
+    if n and run.interrupted in (False, "callback"):
         run.evaluate(n)
         run.save(run_dir)
     return run
@@ -469,10 +500,8 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
 def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
     """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save)."""
     ckpt = read_checkpoint(run_dir)
-    cfgd = dict(ckpt["config"])
-    algo, env_id = cfgd.pop("algo"), cfgd.pop("env")
-    cfg = make_config(algo, env_id, cfgd)
-    env = env or env_id
+    cfg = _saved_config(ckpt)
+    env = env or cfg.env
     obs_space, act_space = probe_spaces(prepare_env(env, cfg))
     learner = make_algorithm(cfg, obs_space, act_space, "cpu")
     learner.load_state_dict(ckpt["algo"])

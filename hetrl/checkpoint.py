@@ -74,3 +74,17 @@ def read_replay(run_dir: str | Path) -> dict | None:
         return torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:
         raise UsageError(f"{f} is corrupt ({type(e).__name__}); delete it to resume with an empty replay") from None
+
+
+def save_run(d: Path, *, config: dict, env: str, state: dict, result: dict, replay: dict | None = None) -> Path:
+    """A run directory: checkpoint.pt (the learner core's `state` with the run's config and env), replay.pt when
+    `replay` is given, and result.json; each file replaced atomically (an interrupted save leaves the previous)."""
+    from hetrl import __version__
+
+    d.mkdir(parents=True, exist_ok=True)
+    atomic_save({"format": FORMAT, "hetrl_version": __version__, "config": config, "env": env, **state},
+                d / "checkpoint.pt")
+    if replay is not None:
+        atomic_save(replay, d / "replay.pt")
+    write_json(result, d / "result.json")
+    return d

@@ -4,6 +4,7 @@
     hetrl train --resume DIR [--steps N] [--schedule S] [--actors N] [--address A] [--set device=...]
     hetrl eval DIR [--episodes N] [--render video|rgb_array]
     hetrl settings ALGO --env ID          (the effective settings: defaults < preset < file < --set)
+    hetrl algorithms                      (the registered algorithms: built-in, registered, entry points)
     hetrl tabular ALGO --env ID ...       (parallel tabular Q-learning / SARSA)
 
 Bad input prints one line `error: <problem>; <fix>` and exits with status 2.
@@ -22,7 +23,7 @@ from hetrl.errors import NonFiniteError, UsageError
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train an agent (profiles and plans first unless --plan none)",
                        description="Train ALGO on an env with its preset hyperparameters.")
-    p.add_argument("algo", nargs="?", help="dqn, ddpg, td3 or sac")
+    p.add_argument("algo", nargs="?", help="a registered algorithm (`hetrl algorithms`): dqn, ddpg, td3, sac, ...")
     p.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1 or module:EnvId")
     p.add_argument("--steps", type=int, help="total env steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=None, help="default 0")
@@ -66,9 +67,14 @@ def _add_eval(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def _add_algorithms(sub) -> None:
+    p = sub.add_parser("algorithms", help="list the algorithms hetrl can train (built-in and registered)")
+    p.set_defaults(func=cmd_algorithms)
+
+
 def _add_settings(sub) -> None:
     p = sub.add_parser("settings", help="print the effective settings for ALGO on an env")
-    p.add_argument("algo", help="dqn, ddpg, td3 or sac")
+    p.add_argument("algo", help="a registered algorithm (`hetrl algorithms`)")
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[])
     p.add_argument("--config")
@@ -84,25 +90,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_settings(sub)
+    _add_algorithms(sub)
     from hetrl.planner.cli import register as register_planner
     from hetrl.tabular.cli import register as register_tabular
+    from hetrl.report.cli import register as register_report
 
     register_planner(sub)
     register_tabular(sub)
+    register_report(sub)
     return parser
 
 
-def _checked_sets(args) -> dict:
-    """The --set pairs, every value checked (also where a dedicated flag overrides the same key);
-    a dedicated flag (--steps, --seed) that contradicts a --set of the same key is an error naming both."""
-    from hetrl.config import check_value, parse_sets
+def _checked_sets(args, algo: str | None = None) -> dict:
+    """The --set pairs, every value checked against ALGO's settings (also where a dedicated flag overrides the
+    same key); a dedicated flag (--steps, --seed) that contradicts a --set of the same key is an error naming both."""
+    from hetrl.config import Config, check_value, parse_sets, settings_class
 
+    cls = settings_class(algo) if algo else Config
     sets = parse_sets(args.sets)
     for key, value in sets.items():
-        check_value(key, value)
+        check_value(key, value, cls)
     flags = {"steps": getattr(args, "steps", None), "seed": getattr(args, "seed", None)}
     for key, flag in flags.items():
-        if flag is not None and key in sets and check_value(key, sets[key]) != flag:
+        if flag is not None and key in sets and check_value(key, sets[key], cls) != flag:
             raise UsageError(f"--{key} {flag} and --set {key}={sets[key]} disagree; give one of them")
     return sets
 
@@ -112,7 +122,7 @@ def _overrides(args) -> dict:
     from hetrl.config import read_config_file
 
     over = read_config_file(args.config) if args.config else {}
-    over.update(_checked_sets(args))
+    over.update(_checked_sets(args, args.algo))
     return over
 
 
@@ -125,12 +135,23 @@ def cmd_settings(args) -> int:
     return 0
 
 
+def cmd_algorithms(args) -> int:
+    from hetrl import registry
+
+    for name in registry.names():
+        try:
+            cls = registry.get(name)
+            spaces = "/".join("discrete" if k.__name__ == "Discrete" else "continuous" if k.__name__ == "Box"
+                              else k.__name__ for k in cls.action_spaces)
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            print(f"{name:<12} {spaces:<20} {registry.origin(name):<28} {doc}")
+        except UsageError as e:   # a broken entry point is listed with its problem, the rest still are
+            print(f"{name:<12} {'?':<20} {'error':<28} {e}")
+    return 0
+
+
 def cmd_train(args) -> int:
     from hetrl import api
-    from hetrl.actors.envs import prepare_env, probe_spaces
-    from hetrl.algos import check_spaces
-    from hetrl.checkpoint import check_out_dir
-    from hetrl.config import make_config
 
     progress = not args.no_progress
     if args.resume:
@@ -148,33 +169,16 @@ def cmd_train(args) -> int:
         return _exit_code(run)
     if not args.algo or not args.env:
         raise UsageError("train needs ALGO and --env, e.g. `hetrl train dqn --env CartPole-v1`")
-    over = _overrides(args)
-    if args.steps is not None:
-        over["steps"] = args.steps
-    over.update(_schedule_flags(args))
-    if args.seed is not None:
-        over["seed"] = args.seed
-    cfg = make_config(args.algo, args.env, over)
-    check_spaces(cfg.algo, *probe_spaces(prepare_env(cfg.env, cfg)))
-    out = Path(args.out or f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
-    check_out_dir(out, args.force)
-    planned = None
-    if (args.plan or "auto") == "auto":
-        cfg, planned = api.auto_plan(cfg, over, args.objective, allow_more_envs=args.allow_more_envs)
-    print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps "
-          f"(schedule {cfg.schedule}, device {cfg.device}, {cfg.num_envs} envs) -> {out}", file=sys.stderr)
-    run = api.Run(cfg, cfg.env, out, save_replay=args.save_replay)
-    if planned is not None:
-        run.plan_info = planned
-    run.learn(progress=progress)
-    if run.interrupted:
+    sets = _checked_sets(args, args.algo)
+    run = api.train(args.algo, env=args.env, steps=args.steps, seed=args.seed, out=args.out or True, force=args.force,
+                    config=args.config, save_replay=args.save_replay, progress=progress, plan=args.plan or "auto",
+                    objective=args.objective, allow_more_envs=args.allow_more_envs,
+                    **{**sets, **_schedule_flags(args)})
+    if run.interrupted and run.interrupted != "callback":
         print(f"hetrl: interrupted ({run.interrupted}) at {run.result['env_steps']:,} env steps; checkpoint saved "
-              f"in {out} (continue with `hetrl train --resume {out}`)", file=sys.stderr)
+              f"in {run.out} (continue with `hetrl train --resume {run.out}`)", file=sys.stderr)
         return _exit_code(run)
-    if cfg.eval_episodes:
-        run.evaluate(cfg.eval_episodes)
-        run.save(out)
-    _summary(run.result, out)
+    _summary(run.result, run.out)
     return 0
 
 

@@ -1,8 +1,11 @@
-"""Run configuration: one typed dataclass, presets per (algo, env), `key=value` overrides.
+"""Run configuration: one typed dataclass per algorithm, presets per (algo, env), `key=value` overrides.
 
-Precedence: built-in defaults < preset for the env (hetrl/presets.yaml) < --config FILE.yaml
-< --set key=value.  Every key is checked against the dataclass; an unknown or ill-typed key
-is a UsageError that names the key and the accepted values.
+`Config` holds the settings every algorithm and every schedule share (the system's, the replay's and
+the common learning ones); an algorithm declares its own in a subclass (its `Settings`, see
+hetrl/algorithm.py), so `cfg.double` exists for DQN and `cfg.policy_delay` for TD3. Precedence: the
+algorithm's defaults < its presets for the env (registry.presets: "default" < "atari" < the env id)
+< --config FILE.yaml < --set key=value. Every key is checked against the algorithm's dataclass; an
+unknown or ill-typed key is a UsageError that names the key and the accepted values.
 """
 
 from __future__ import annotations
@@ -11,21 +14,17 @@ import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from hetrl.errors import UsageError
 
-ALGOS = ("dqn", "ddpg", "td3", "sac")
-
-
 @dataclass
 class Config:
     # what to train
-    algo: str = "dqn"
+    algo: str = ""                      # the registered algorithm's name (hetrl.registry)
     env: str = "CartPole-v1"
     steps: int = 50_000                 # total env steps
     seed: int = 0
@@ -46,9 +45,8 @@ class Config:
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
     check_finite: bool = True          # stop at the first NaN/inf in inserted data or in the learner's TD errors
-    fastpath: bool = False              # CPU learner: hand-derived gradients (algos/fastpath.py); the planner turns it on where faster
-    compiled: bool = False              # CPU learner: each phase as one numba call (algos/compiled.py; DQN/DDPG/TD3/SAC MLPs); the planner turns it on where faster
-    cuda_graph: bool = False            # CUDA learner: each phase replayed as one CUDA graph (algos/graphed.py); the planner turns it on where faster
+    learner_kernel: str = "auto"        # auto | public | compiled | cuda_graph: what runs the learner's updates (hetrl/kernels/);
+                                        # auto: the fastest of those checked equal to public on this machine (cached once per machine)
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
     envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)
@@ -77,30 +75,16 @@ class Config:
     n_step: int = 1
     # learning
     net_arch: list[int] = field(default_factory=lambda: [256, 256])
+    qf_arch: list[int] = field(default_factory=list)   # the critics' hidden layers where they differ ([]: net_arch;
+                                                        # SB3's net_arch=dict(pi=..., qf=...))
+    activation: str = "relu"            # relu | tanh | elu: the hidden layers' activation (SB3's activation_fn)
+    layer_norm: bool = False            # a LayerNorm after each hidden layer's Linear, before its activation
     lr: float = 1e-3
     gamma: float = 0.99
     train_freq: int = 256               # env steps per training phase
     gradient_steps: int = 128           # gradient steps per phase; -1 = env steps collected
     max_grad_norm: float = 10.0         # 0 disables clipping
     tau: float = 1.0                    # target update: 1.0 hard copy, <1 Polyak
-    # DQN
-    target_update_interval: int = 10    # env steps between hard target copies (tau = 1)
-    exploration_fraction: float = 0.1
-    exploration_initial_eps: float = 1.0
-    exploration_final_eps: float = 0.05
-    double: bool = False
-    dueling: bool = False
-    # DDPG, TD3 (exploration noise on mu(s))
-    noise_type: str = "normal"          # normal | ou
-    noise_std: float = 0.1              # std of the exploration noise, in actions scaled to [-1, 1]
-    # TD3 (SB3's defaults)
-    policy_delay: int = 2               # gradient (critic) steps per actor and target update, counted over the run
-    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action (actions in [-1, 1])
-    target_noise_clip: float = 0.5      # the smoothing noise is clipped to +-this
-    # SAC
-    ent_coef: str = "auto"              # entropy coefficient alpha: auto (learned toward target_entropy, from 1.0),
-                                        # auto_X (learned, from X), or a number (fixed); SB3's convention
-    target_entropy: str = "auto"        # the entropy alpha is tuned toward: auto = -dim(actions), or a number
     # evaluation and logging
     eval_episodes: int = 10             # episodes per evaluation (0: no evaluation)
     eval_interval: int = 0              # env steps between evaluations during training; 0 = a tenth of the run
@@ -117,6 +101,19 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def validate(self) -> None:
+        """Check the values beyond their types (UsageError naming the setting); an algorithm's Settings
+        extend it with their own checks (calling super().validate())."""
+        validate(self)
+
+    # settings that change network shapes or the learner's program (the members of a population share
+    # them; an algorithm adds its own with `shape_settings`) and when it acts and learns
+    SHAPE_SETTINGS: ClassVar[tuple[str, ...]] = ("net_arch", "qf_arch", "activation", "layer_norm", "frame_stack", "n_step",
+                                                 "batch_size", "buffer_size", "prioritized", "replay_frames",
+                                                 "atari_screen_size")
+    SCHEDULE_SETTINGS: ClassVar[tuple[str, ...]] = ("steps", "num_envs", "learning_starts", "train_freq",
+                                                    "gradient_steps", "eval_interval", "eval_episodes")
+
 
 # The system's settings: where and how fast the parts run, never what the agent learns. The
 # planner may choose them, and `hetrl train --resume DIR` may change them (a run started inline
@@ -124,35 +121,26 @@ class Config:
 SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
                "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
                "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
-               "log_interval", "fastpath", "compiled", "cuda_graph", "check_finite", "max_policy_lag")
+               "log_interval", "learner_kernel", "check_finite", "max_policy_lag")
 
+# settings of earlier checkpoints and config files, and what they mean now
+RENAMED = {"fastpath": None, "compiled": ("learner_kernel", {True: "compiled"}),
+           "cuda_graph": ("learner_kernel", {True: "cuda_graph"})}
 
 MAX_LOCAL_ACTORS = 64    # actor processes on one machine at most (the planner searches no further)
+KERNELS = ("auto", "public", "compiled", "cuda_graph")
 
-ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "dqn": {"tau": 1.0},
-    "ddpg": {"tau": 0.005, "max_grad_norm": 0.0},
-    "td3": {"tau": 0.005, "max_grad_norm": 0.0},
-    "sac": {"tau": 0.005, "max_grad_norm": 0.0},
-}
 _CHOICES = {
-    "algo": ALGOS,
     "schedule": ("inline", "local", "ray"),
-    "noise_type": ("normal", "ou"),
     "env_backend": ("auto", "gymnasium", "envpool"),
+    "activation": ("relu", "tanh", "elu"),
+    "learner_kernel": KERNELS,
 }
-_POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step", "policy_delay",
-             "target_update_interval", "publish_interval", "log_interval", "replay_shards",
+_POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
+             "publish_interval", "log_interval", "replay_shards",
              "frame_stack", "atari_frame_skip", "atari_screen_size")
-_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "noise_std", "eval_episodes", "eval_interval", "eval_max_steps",
-                 "target_policy_noise", "target_noise_clip", "atari_noop_max",
-                 "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
-_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-
-
-def load_presets() -> dict[str, dict[str, dict[str, Any]]]:
-    text = resources.files("hetrl").joinpath("presets.yaml").read_text()
-    return yaml.safe_load(text)
+_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "eval_episodes", "eval_interval", "eval_max_steps",
+                 "atari_noop_max", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
 
 
 def atari_id(env: str) -> bool:
@@ -164,17 +152,33 @@ def atari_id(env: str) -> bool:
 
 
 def preset_for(algo: str, env: str) -> dict[str, Any]:
-    """The preset keys for `algo` on `env`: the algo's default entry, overridden by its `atari` entry
+    """The preset keys for `algo` on `env`: the algorithm's "default" entry, overridden by its "atari" entry
     for Atari ids, overridden by the env's own."""
-    table = load_presets().get(algo, {})
+    from hetrl import registry
+
+    table = registry.presets(algo)
     base_id = env.split(":")[-1]  # 'module:EnvId' form
     family = table.get("atari", {}) if atari_id(env) else {}
     return {**table.get("default", {}), **family, **table.get(base_id, {})}
 
 
-def _coerce(key: str, value: Any) -> Any:
-    """Convert a YAML/CLI value to the type of Config.<key>; UsageError when impossible."""
-    hint = typing.get_type_hints(Config)[key]
+def settings_class(algo: str) -> type[Config]:
+    """The Config subclass of registered algorithm `algo` (its Settings)."""
+    from hetrl import registry
+
+    cls = getattr(registry.get(algo), "Settings", Config)
+    if not (isinstance(cls, type) and issubclass(cls, Config) and dataclasses.is_dataclass(cls)):
+        raise UsageError(f"algorithm {algo!r}'s Settings must be a dataclass subclass of hetrl.Config; fix its class")
+    return cls
+
+
+def _fields(cls: type[Config]) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _coerce(key: str, value: Any, cls: type[Config] = Config) -> Any:
+    """Convert a YAML/CLI value to the type of cls.<key>; UsageError when impossible."""
+    hint = typing.get_type_hints(cls)[key]
     given = value
     try:
         if isinstance(value, str):
@@ -205,27 +209,31 @@ def _coerce(key: str, value: Any) -> Any:
         if hint == list[int]:
             if isinstance(value, int) and not isinstance(value, bool):
                 value = [value]
-            if isinstance(value, (list, tuple)) and all(isinstance(v, int) and v > 0 for v in value):
+            if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                        for v in value):
                 return list(value)
         raise ValueError
     except (ValueError, yaml.YAMLError):
         want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-                list[int]: "a list of positive integers like [256,256]"}[hint]
+                list[int]: "a list of positive integers like [256,256]"}.get(hint, str(hint))
         raise UsageError(f"setting {key}={given!r} is not {want}; fix the value "
-                         f"(e.g. --set {key}={_example(key)})") from None
+                         f"(e.g. --set {key}={_example(key, cls)})") from None
 
 
-def check_value(key: str, value: Any) -> Any:
-    """One setting checked on its own (known key, right type): its typed value, or a UsageError."""
-    if key not in _FIELDS:
-        close = difflib.get_close_matches(key, _FIELDS, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else "see `hetrl settings`"
-        raise UsageError(f"unknown setting {key!r}; {hint}")
-    return _coerce(key, value)
+def check_value(key: str, value: Any, cls: type[Config] = Config) -> Any:
+    """One setting checked on its own (known key of `cls`, right type): its typed value, or a UsageError."""
+    fields = _fields(cls)
+    if key not in fields:
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "see `hetrl settings ALGO`"
+        owner = f" of {cls.__name__.removesuffix('Config')}" if cls is not Config else ""
+        raise UsageError(f"unknown setting {key!r}{owner}; {hint}")
+    return _coerce(key, value, cls)
 
 
-def _example(key: str) -> str:
-    v = getattr(Config(), key)
+def _example(key: str, cls: type[Config] = Config) -> str:
+    f = _fields(cls)[key]
+    v = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
     return str(v).replace(" ", "").lower() if isinstance(v, (bool, list)) else str(v)
 
 
@@ -252,23 +260,35 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def migrate(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings as saved by an earlier hetrl (checkpoints, config files): renamed keys take their new form."""
+    out = dict(values)
+    for old, new in RENAMED.items():
+        if old in out:
+            v = out.pop(old)
+            if new is not None and new[1].get(v) and out.get(new[0], "auto") == "auto":
+                out[new[0]] = new[1][v]
+    return out
+
+
 def make_config(algo: str, env: str, overrides: dict[str, Any] | None = None) -> Config:
-    """Defaults < algo defaults < env preset < overrides (file, --set, API kwargs), checked."""
+    """The algorithm's defaults < its presets for `env` < overrides (file, --set, API kwargs), checked."""
+    from hetrl import registry
+
+    registry.get(algo)   # a clear error for an unknown name
     algo = algo.lower()
-    if algo not in ALGOS:
-        close = difflib.get_close_matches(algo, ALGOS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UsageError(f"unknown algorithm {algo!r}; {hint}choose one of: {', '.join(ALGOS)}")
-    merged: dict[str, Any] = {**ALGO_DEFAULTS[algo], **preset_for(algo, env)}
+    cls = settings_class(algo)
+    merged: dict[str, Any] = dict(preset_for(algo, env))
     merged.update(overrides or {})
     merged["algo"], merged["env"] = algo, env
-    values = {key: check_value(key, value) for key, value in merged.items()}
-    cfg = Config(**values)
-    validate(cfg)
+    values = {key: check_value(key, value, cls) for key, value in merged.items()}
+    cfg = cls(**values)
+    cfg.validate()
     return cfg
 
 
 def validate(cfg: Config) -> None:
+    """Config's own checks (`Config.validate` calls it; the planner checks a plan's settings with it)."""
     for key, choices in _CHOICES.items():
         if getattr(cfg, key) not in choices:
             raise UsageError(f"{key}={getattr(cfg, key)!r} is not supported; choose one of: {', '.join(choices)}")
@@ -289,18 +309,6 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"tau must be in (0, 1], got {cfg.tau}")
     if not cfg.lr > 0:
         raise UsageError(f"lr must be positive, got {cfg.lr}")
-    if not 0.0 <= cfg.exploration_fraction <= 1.0:
-        raise UsageError(f"exploration_fraction must be in [0, 1], got {cfg.exploration_fraction}")
-    for key in ("ent_coef", "target_entropy"):  # SAC; SB3's conventions
-        value = getattr(cfg, key)
-        auto_init = key == "ent_coef" and value.startswith("auto_")   # ent_coef=auto_0.1: learned, from 0.1
-        try:
-            number = None if value == "auto" else float(value[5:] if auto_init else value)
-        except ValueError:
-            forms = "auto, auto_X (learned from X) or a number" if key == "ent_coef" else "auto or a number"
-            raise UsageError(f"{key}={value!r} is not {forms}; e.g. --set {key}=auto") from None
-        if key == "ent_coef" and number is not None and not (number > 0 and number < float("inf")):
-            raise UsageError(f"ent_coef must be auto, auto_X or a number, with X and the number > 0, got {value}")
     p = cfg.atari_sticky_actions
     try:
         ok = p == "auto" or 0.0 <= float(p) <= 1.0
@@ -313,9 +321,12 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
     if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
         raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
-    if cfg.cuda_graph and cfg.device == "cpu":
-        raise UsageError("cuda_graph=true replays the learner on a GPU, but device=cpu; "
-                         "set --set device=cuda, or drop cuda_graph")
+    if cfg.learner_kernel == "cuda_graph" and cfg.device == "cpu":
+        raise UsageError("learner_kernel=cuda_graph replays the learner on a GPU, but device=cpu; "
+                         "set --set device=cuda, or another learner_kernel")
+    if cfg.learner_kernel == "compiled" and cfg.device.startswith("cuda"):
+        raise UsageError("learner_kernel=compiled is a CPU kernel, but device is a GPU; "
+                         "set --set learner_kernel=cuda_graph (or auto), or --set device=cpu")
     if cfg.actors > MAX_LOCAL_ACTORS and cfg.schedule != "ray":
         raise UsageError(f"actors={cfg.actors} is more actor processes than one machine runs well "
                          f"({MAX_LOCAL_ACTORS}); lower "
@@ -329,9 +340,14 @@ def validate(cfg: Config) -> None:
                          "feeds would never be sampled; use at most one shard per actor")
 
 
-def settings_help() -> str:
-    lines = []
-    for f in dataclasses.fields(Config):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        lines.append(f"  {f.name:<26} {typing.get_type_hints(Config)[f.name].__name__ if hasattr(typing.get_type_hints(Config)[f.name], '__name__') else 'list[int]':<10} default {default}")
-    return "\n".join(lines)
+def check_ent_coef(value: str, key: str = "ent_coef") -> None:
+    """SB3's conventions for an entropy coefficient (auto, auto_X: learned from X, or a number > 0) and
+    for target_entropy (auto or a number); used by the entropy-regularised algorithms' Settings."""
+    auto_init = key == "ent_coef" and value.startswith("auto_")
+    try:
+        number = None if value == "auto" else float(value[5:] if auto_init else value)
+    except ValueError:
+        forms = "auto, auto_X (learned from X) or a number" if key == "ent_coef" else "auto or a number"
+        raise UsageError(f"{key}={value!r} is not {forms}; e.g. --set {key}=auto") from None
+    if key == "ent_coef" and number is not None and not (number > 0 and number < float("inf")):
+        raise UsageError(f"ent_coef must be auto, auto_X or a number, with X and the number > 0, got {value}")

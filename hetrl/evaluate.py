@@ -10,6 +10,7 @@ deterministic policy can loop forever where nothing ends the episode (CliffWalki
 from __future__ import annotations
 
 import sys
+import time
 from typing import Callable
 
 import gymnasium as gym
@@ -83,3 +84,55 @@ def _summary(returns: list[float], lengths: list[int], cut: int = 0) -> dict:
     return {"eval_return_mean": float(np.mean(returns)), "eval_return_std": float(np.std(returns)),
             "eval_episodes": len(returns), "eval_length_mean": float(np.mean(lengths)),
             "eval_returns": [float(r) for r in returns], "eval_episodes_cut": cut}
+
+
+SELECT_SEED, REPORT_SEED = 10_000, 20_000   # eval env seed offsets: choosing the best policy vs reporting it
+
+
+class Evaluations:
+    """The evaluations a run makes while it trains, and the best policy they found (SB3's EvalCallback).
+
+    Every `interval` env steps (and at the end) the latest policy plays `episodes` episodes on seeds reserved
+    for choosing (seed + SELECT_SEED). A policy that scores at least the best's score plays as many again on
+    other seeds and competes with the mean of both: one lucky set of episodes cannot displace a policy that
+    was confirmed (the winner's curse of picking the max of noisy evaluations). `history` is the learning
+    curve, [env_steps, mean return] per evaluation (result.json's `evaluations`)."""
+
+    def __init__(self, episodes: int, interval: int, seed: int, max_steps: int = 0):
+        self.episodes, self.interval, self.seed, self.max_steps = episodes, max(1, interval), seed, max_steps
+        self.best: dict = {}                       # state (CPU tensors), env_steps, eval_return_mean
+        self.history: list[list[float]] = []
+        self.seconds = 0.0
+        self.next_at = self.interval
+
+    def start(self, env_steps: int) -> None:
+        """The next evaluation is at the first multiple of the interval after `env_steps`."""
+        self.next_at = (env_steps // self.interval + 1) * self.interval
+
+    def due(self, env_steps: int, done: bool) -> bool:
+        return self.episodes > 0 and (env_steps >= self.next_at or done)
+
+    def run(self, policy, env, env_steps: int, policy_state: Callable[[], dict]) -> dict:
+        """Evaluate `policy` (act: a batch of observations -> env actions) on `env` at `env_steps`; keep its
+        `policy_state()` if it is the best so far. Returns the evaluation."""
+        t = time.perf_counter()
+        n, seed = self.episodes, self.seed + SELECT_SEED
+        ev = evaluate(policy, env, n, seed, max_steps=self.max_steps)
+        score = ev["eval_return_mean"]
+        self.history.append([int(env_steps), float(score)])
+        if not self.best or score >= self.best["eval_return_mean"]:
+            again = evaluate(policy, env, n, seed + n, max_steps=self.max_steps)
+            score = (score + again["eval_return_mean"]) / 2
+        if not self.best or score >= self.best["eval_return_mean"]:
+            self.best = {"state": {k: v.detach().to("cpu", copy=True) for k, v in policy_state().items()},
+                         "env_steps": int(env_steps), "eval_return_mean": float(score)}
+        self.start(env_steps)
+        self.seconds += time.perf_counter() - t
+        return ev
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best = dict(state.get("best") or {})
+        self.history = [list(h) for h in state.get("history", [])]

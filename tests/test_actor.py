@@ -80,7 +80,7 @@ def test_collect_into_a_destination_writes_what_collect_returns(n_step):
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [16], "n_step": n_step})
     env = gym.make("CartPole-v1")
     algo = make_algorithm(cfg, env.observation_space, env.action_space)
-    spec = replay_spec(env.observation_space, env.action_space)
+    spec = replay_spec(cfg, env.observation_space, env.action_space)
     ref = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
     act = Actor("CartPole-v1", 4, 7, algo.make_policy(seed=8), n_step, cfg.gamma)
     out = {k: np.zeros((200 + 4 * n_step, *s), d) for k, (s, d) in spec.items()}

@@ -1,7 +1,5 @@
 """Learner targets: n-step discount, terminated (no bootstrap) vs truncated (bootstrap)."""
 
-import dataclasses
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -69,50 +67,6 @@ def test_ddpg_policy_scales_actions_to_bounds():
     env_a, stored = pol.act(np.zeros((6, 3), np.float32), None)
     assert (stored >= -1).all() and (stored <= 1).all()
     np.testing.assert_allclose(env_a, (stored + 1) * 2.0, rtol=1e-6)
-
-
-def test_dqn_fast_path_equals_autograd_bit_for_bit():
-    """The optional fast path (hand-derived gradients, direct fused Adam) gives exactly the public
-    path's (autograd + torch.optim.Adam(fused=True)) parameters after updates."""
-    from hetrl.algos import fastpath
-
-    assert fastpath.available()
-    torch.manual_seed(0)
-    space = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
-    cfg = make_config("dqn", "CartPole-v1", {"net_arch": [32, 16], "max_grad_norm": 0.5})
-    fast = make_algorithm(dataclasses.replace(cfg, fastpath=True), *space)
-    ref = make_algorithm(cfg, *space)
-    assert fast.fast is not None and ref.fast is None
-    ref.q.load_state_dict(fast.q.state_dict())
-    ref.q_target.load_state_dict(fast.q_target.state_dict())
-    K, B = 6, 16
-    batches = {"obs": torch.randn(K, B, 4), "action": torch.randint(0, 3, (K, B)), "reward": torch.randn(K, B) * 3,
-               "next_obs": torch.randn(K, B, 4), "terminated": torch.rand(K, B) < 0.2,
-               "truncated": torch.zeros(K, B, dtype=torch.bool), "steps": torch.ones(K, B, dtype=torch.uint8)}
-    w = torch.rand(K, B)
-    td_fast, td_ref = fast.learn(batches, w), ref.learn(batches, w)
-    assert torch.equal(td_fast, td_ref)
-    for p, q in zip(fast.q.parameters(), ref.q.parameters()):
-        assert torch.equal(p, q)
-
-
-def test_ddpg_fast_path_matches_autograd():
-    torch.manual_seed(0)
-    spaces = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)))
-    cfg = make_config("ddpg", "Pendulum-v1", {"net_arch": [32, 16]})
-    fast, ref = make_algorithm(dataclasses.replace(cfg, fastpath=True), *spaces), make_algorithm(cfg, *spaces)
-    assert fast.fast is not None and ref.fast is None
-    for name in ("actor", "actor_target", "critic", "critic_target"):
-        getattr(ref, name).load_state_dict(getattr(fast, name).state_dict())
-    K, B = 5, 16
-    batches = {"obs": torch.randn(K, B, 3), "action": torch.rand(K, B, 2) * 2 - 1, "reward": torch.randn(K, B),
-               "next_obs": torch.randn(K, B, 3), "terminated": torch.rand(K, B) < 0.2,
-               "truncated": torch.zeros(K, B, dtype=torch.bool), "steps": torch.ones(K, B, dtype=torch.uint8)}
-    w = torch.rand(K, B)
-    torch.testing.assert_close(fast.learn(batches, w), ref.learn(batches, w), rtol=1e-5, atol=1e-6)
-    for name in ("actor", "critic", "actor_target", "critic_target"):
-        for p, q in zip(getattr(fast, name).parameters(), getattr(ref, name).parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 def test_dqn_acting_runs_the_network_only_for_the_envs_that_act_greedily():

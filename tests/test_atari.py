@@ -135,7 +135,7 @@ def test_frame_stack_applies_to_any_env_and_vector_stacks_keep_the_plain_storage
     env = make_env(prepare_env("CartPole-v1", make_config("dqn", "CartPole-v1", {"frame_stack": 3})))
     obs, _ = env.reset(seed=0)
     assert obs.shape == (3, 4) and not obs[:2].any() and obs[2].any()
-    run = hetrl.train("dqn", "CartPole-v1", frame_stack=3, progress=False, **tiny)
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", frame_stack=3, progress=False, **tiny)
     assert isinstance(run.schedule.replay.storage, Storage) and run.schedule.core.spec["obs"] == ((3, 4), "float32")
     env.close()
 
@@ -228,21 +228,21 @@ def test_the_cpu_channels_last_layout_computes_the_nchw_math(shape):
 def test_pixel_replay_stays_uint8_and_vector_replay_float32():
     import gymnasium as gym
 
-    from hetrl.algos import replay_spec
+    from hetrl.algorithm import transition_fields
 
-    assert replay_spec(_pixels(), gym.spaces.Discrete(4))["obs"] == ((4, 84, 84), "uint8")
-    assert replay_spec(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))["next_obs"] == ((4,), "float32")
+    assert transition_fields(_pixels(), gym.spaces.Discrete(4))["obs"] == ((4, 84, 84), "uint8")
+    assert transition_fields(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))["next_obs"] == ((4,), "float32")
     vec_uint8 = gym.spaces.Box(0, 255, (128,), np.uint8)   # e.g. ALE RAM: an MLP, float32 replay
-    assert replay_spec(vec_uint8, gym.spaces.Discrete(2))["obs"] == ((128,), "float32")
+    assert transition_fields(vec_uint8, gym.spaces.Discrete(2))["obs"] == ((128,), "float32")
 
 
-def test_cnn_learns_through_the_public_path_and_the_fast_path_declines_it():
+def test_cnn_learns_through_the_public_path_and_the_compiled_kernel_declines_it():
     import torch
 
-    from hetrl.algos import fastpath
+    from hetrl.kernels import kernel_class
 
-    algo = _dqn(_pixels(), fastpath=True)
-    assert algo.pixels and algo.fast is None and fastpath.for_algorithm(algo) is None
+    algo = _dqn(_pixels())
+    assert algo.pixels and "pixels" in kernel_class("compiled").check(algo)
     K, B = 2, 5
     batch = {"obs": torch.randint(0, 256, (K, B, 4, 84, 84), dtype=torch.uint8),
              "next_obs": torch.randint(0, 256, (K, B, 4, 84, 84), dtype=torch.uint8),
@@ -267,13 +267,13 @@ def test_channels_last_rgb_and_too_small_images():
 def test_continuous_algorithms_refuse_atari():
     import gymnasium as gym
 
-    from hetrl.algos import check_spaces
+    from hetrl import registry
 
     for algo in ("ddpg", "td3", "sac"):
         with pytest.raises(UsageError, match="discrete"):
-            check_spaces(algo, _pixels(), gym.spaces.Discrete(4))
+            registry.get(algo).check_spaces(_pixels(), gym.spaces.Discrete(4))
         with pytest.raises(UsageError, match="images"):
-            check_spaces(algo, _pixels(), gym.spaces.Box(-1, 1, (2,)))
+            registry.get(algo).check_spaces(_pixels(), gym.spaces.Box(-1, 1, (2,)))
 
 
 # ---- the preset ------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def test_a_short_atari_run_completes_and_writes_result_json(schedule, tmp_path):
     from hetrl.replay.memory import arrays_bytes
 
     evaluate = schedule == "inline"   # one whole game of Pong, raw score (-21..21)
-    run = hetrl.train("dqn", "ALE/Pong-v5", schedule=schedule, out=tmp_path, eval_episodes=1 if evaluate else 0,
+    run = hetrl.train("dqn", "ALE/Pong-v5", plan="none", schedule=schedule, out=tmp_path, eval_episodes=1 if evaluate else 0,
                       keep_best=False, **TINY_ATARI)
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["env_steps"] == 600 and r["gradient_steps"] >= 95 and r["schedule"] == schedule
@@ -346,7 +346,7 @@ def test_a_short_atari_run_completes_and_writes_result_json(schedule, tmp_path):
 def test_an_atari_run_with_its_replay_resumes_under_another_schedule(tmp_path):
     import hetrl
 
-    hetrl.train("dqn", "ALE/Pong-v5", out=tmp_path, save_replay=True, eval_episodes=0, **{**TINY_ATARI, "steps": 400})
+    hetrl.train("dqn", "ALE/Pong-v5", plan="none", out=tmp_path, save_replay=True, eval_episodes=0, **{**TINY_ATARI, "steps": 400})
     state = torch_load(tmp_path / "replay.pt")
     # each frame once: 400 steps' frames and the first (EnvPool's actors, where installed, repeat the first frame
     # in a game's first stack and the content finds repeated frames: fewer)
@@ -375,7 +375,7 @@ def test_eval_writes_a_video_of_a_whole_atari_game(tmp_path, capsys):
     import hetrl
     from hetrl.cli import main
 
-    hetrl.train("dqn", "ALE/Breakout-v5", out=tmp_path, eval_episodes=0, keep_best=False,
+    hetrl.train("dqn", "ALE/Breakout-v5", plan="none", out=tmp_path, eval_episodes=0, keep_best=False,
                 **{**TINY_ATARI, "steps": 300})
     assert main(["eval", str(tmp_path), "--episodes", "1", "--render", "video"]) in (0, None)
     videos = list((tmp_path / "videos").glob("*.mp4"))

@@ -99,7 +99,7 @@ def test_a_run_with_envpool_actors_logs_games_and_stores_frames_once(schedule, t
     import hetrl
     from hetrl.replay import FrameStorage
 
-    run = hetrl.train("dqn", "ALE/Breakout-v5", schedule=schedule, out=tmp_path, env_backend="envpool",
+    run = hetrl.train("dqn", "ALE/Breakout-v5", plan="none", schedule=schedule, out=tmp_path, env_backend="envpool",
                       atari_episodic_life=False, **TINY)
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["env_steps"] == 600 and r["config"]["env_backend"] == "envpool"

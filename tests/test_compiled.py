@@ -195,7 +195,7 @@ def test_training_with_the_compiled_phase(tmp_path):
     """A short inline run on the compiled phase trains (every gradient step taken) and saves."""
     import hetrl
 
-    run = hetrl.train("dqn", "CartPole-v1", steps=3000, seed=0, out=tmp_path, progress=False, compiled=True,
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=3000, seed=0, out=tmp_path, progress=False, compiled=True,
                       learning_starts=1000, eval_episodes=2, threads=1)
     assert run.cfg.compiled and run.result["gradient_steps"] >= 1000 and (tmp_path / "checkpoint.pt").exists()
     assert run.result["learner_kernel"] == "compiled"

@@ -44,7 +44,7 @@ def test_the_envs_own_time_limit_is_kept_and_episodes_that_end_are_not_cut():
 
 
 def test_a_run_on_an_endless_env_finishes_and_reports_the_cut_episodes():
-    run = hetrl.train("dqn", Endless, steps=400, learning_starts=100, eval_max_steps=200, evaluate_episodes=2,
+    run = hetrl.train("dqn", Endless, plan="none", steps=400, learning_starts=100, eval_max_steps=200, evaluate_episodes=2,
                       progress=False)
     assert run.result["eval_episodes_cut"] == 2 and run.result["eval_return_mean"] == 200.0
 

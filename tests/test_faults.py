@@ -60,7 +60,7 @@ def test_non_finite_observations_stop_the_run_with_one_line_and_a_checkpoint(cap
 
 
 def test_check_finite_false_lets_the_user_through(tmp_path):
-    run = hetrl.train("dqn", nan_cartpole, steps=600, learning_starts=100, train_freq=50, gradient_steps=5,
+    run = hetrl.train("dqn", nan_cartpole, plan="none", steps=600, learning_starts=100, train_freq=50, gradient_steps=5,
                       batch_size=16, net_arch=[16], eval_episodes=0, num_envs=2, check_finite=False, progress=False)
     assert run.result["env_steps"] == 600
 
@@ -68,7 +68,7 @@ def test_check_finite_false_lets_the_user_through(tmp_path):
 def test_a_diverging_learner_stops_without_overwriting_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(NonFiniteError, match="TD errors became NaN/inf"):
-        hetrl.train("dqn", "CartPole-v1", steps=600, learning_starts=100, train_freq=50, gradient_steps=5, lr=1e37,
+        hetrl.train("dqn", "CartPole-v1", plan="none", steps=600, learning_starts=100, train_freq=50, gradient_steps=5, lr=1e37,
                     batch_size=16, net_arch=[16], eval_episodes=0, num_envs=2, out=out, progress=False)
     assert json.loads((out / "result.json").read_text())["interrupted"].startswith("error: NonFiniteError")
     assert not (out / "checkpoint.pt").exists()
@@ -93,7 +93,7 @@ def test_the_memory_check_warns_near_the_limit_and_reports_replay_bytes(capsys):
     assert "warning: the replay will take" in capsys.readouterr().err
     with pytest.raises(UsageError, match="lower buffer_size"):
         check_replay_memory(spec, int(1.5 * have / per_item), "cpu")
-    run = hetrl.train("dqn", "CartPole-v1", steps=200, learning_starts=100, train_freq=50, gradient_steps=5,
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=200, learning_starts=100, train_freq=50, gradient_steps=5,
                       batch_size=16, net_arch=[16], eval_episodes=0, num_envs=2, buffer_size=1000, progress=False)
     assert run.result["replay_bytes"] == 1000 * 47   # obs 16 + action 8 + reward 4 + next_obs 16 + 3 flags
     assert run.result["peak_rss_mb"] > 50 and "gpu_max_memory_allocated_mb" not in run.result   # torch alone
@@ -179,7 +179,7 @@ def test_a_replay_near_the_limit_warns_once_with_one_line(monkeypatch, capsys):
 
     monkeypatch.setattr(memory, "_warned", set())
     monkeypatch.setattr(memory, "available_bytes", lambda device: int(1000 * 47 / 0.9))  # the replay takes 90%
-    run = hetrl.train("dqn", "CartPole-v1", steps=200, learning_starts=100, train_freq=50, gradient_steps=5,
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=200, learning_starts=100, train_freq=50, gradient_steps=5,
                       batch_size=16, net_arch=[16], eval_episodes=0, num_envs=2, buffer_size=1000, progress=False)
     warned = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
     assert len(warned) == 1   # the learner core and the storage check the same replay: one warning

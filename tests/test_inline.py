@@ -15,9 +15,9 @@ def params(run):
 
 
 def test_same_seed_same_result_bit_for_bit(tiny):
-    a = hetrl.train("dqn", "CartPole-v1", seed=3, progress=False, **tiny)
-    b = hetrl.train("dqn", "CartPole-v1", seed=3, progress=False, **tiny)
-    c = hetrl.train("dqn", "CartPole-v1", seed=4, progress=False, **tiny)
+    a = hetrl.train("dqn", "CartPole-v1", plan="none", seed=3, progress=False, **tiny)
+    b = hetrl.train("dqn", "CartPole-v1", plan="none", seed=3, progress=False, **tiny)
+    c = hetrl.train("dqn", "CartPole-v1", plan="none", seed=4, progress=False, **tiny)
     assert torch.equal(params(a), params(b))
     assert not torch.equal(params(a), params(c))
     assert a.result["gradient_steps"] == b.result["gradient_steps"] > 0
@@ -25,14 +25,14 @@ def test_same_seed_same_result_bit_for_bit(tiny):
 
 @pytest.mark.parametrize("extra", [{"prioritized": True}, {"n_step": 3, "double": True, "dueling": True}])
 def test_rainbow_switches_run_deterministically(tiny, extra):
-    a = hetrl.train("dqn", "CartPole-v1", seed=1, progress=False, **tiny, **extra)
-    b = hetrl.train("dqn", "CartPole-v1", seed=1, progress=False, **tiny, **extra)
+    a = hetrl.train("dqn", "CartPole-v1", plan="none", seed=1, progress=False, **tiny, **extra)
+    b = hetrl.train("dqn", "CartPole-v1", plan="none", seed=1, progress=False, **tiny, **extra)
     assert torch.equal(params(a), params(b))
 
 
 def test_result_json_and_checkpoint(tiny, tmp_path):
     out = tmp_path / "run"
-    run = hetrl.train("dqn", "CartPole-v1", out=out, progress=False, **{**tiny, "eval_episodes": 2})
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False, **{**tiny, "eval_episodes": 2})
     res = json.loads((out / "result.json").read_text())
     for key in ("algo", "env", "seed", "schedule", "env_steps", "gradient_steps", "wall_s", "env_steps_per_s",
                 "train_samples_per_s", "eval_return_mean", "eval_return_std", "eval_episodes",
@@ -51,7 +51,7 @@ def test_result_json_and_checkpoint(tiny, tmp_path):
 
 def test_resume_continues_counters_optimizer_and_replay(tiny, tmp_path):
     out = tmp_path / "run"
-    hetrl.train("dqn", "CartPole-v1", out=out, progress=False, save_replay=True, **tiny)
+    hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False, save_replay=True, **tiny)
     first = read_checkpoint(out)
     replay = torch.load(out / "replay.pt", weights_only=True)
     run = hetrl.api.resume(out, steps=1000, progress=False, evaluate_episodes=0)
@@ -68,7 +68,7 @@ def test_resume_continues_counters_optimizer_and_replay(tiny, tmp_path):
 def test_resume_from_checkpoint_equals_uninterrupted_learner_state(tiny, tmp_path):
     """Loading a checkpoint restores the exact learner state (nets, target, optimizer)."""
     out = tmp_path / "run"
-    run = hetrl.train("dqn", "CartPole-v1", out=out, progress=False, save_replay=True, **tiny)
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False, save_replay=True, **tiny)
     again = hetrl.api.Run(run.cfg, "CartPole-v1")
     state = read_checkpoint(out)
     state["replay"] = torch.load(out / "replay.pt", weights_only=True)
@@ -82,7 +82,7 @@ def test_resume_from_checkpoint_equals_uninterrupted_learner_state(tiny, tmp_pat
 def test_env_factory_and_module_id(tiny):
     import gymnasium as gym
 
-    run = hetrl.train("dqn", lambda: gym.make("CartPole-v1"), progress=False, **tiny)
+    run = hetrl.train("dqn", lambda: gym.make("CartPole-v1"), plan="none", progress=False, **tiny)
     assert run.result["env_steps"] == 600
-    run = hetrl.train("dqn", "gymnasium.envs.classic_control.cartpole:CartPole-v1", progress=False, **tiny)
+    run = hetrl.train("dqn", "gymnasium.envs.classic_control.cartpole:CartPole-v1", plan="none", progress=False, **tiny)
     assert run.result["env_steps"] == 600

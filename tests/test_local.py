@@ -103,7 +103,7 @@ def test_batch_source_draws_what_replay_sample_draws(prioritized):
 # ---- whole runs ---------------------------------------------------------------------------------
 def test_local_run_result_checkpoint_and_resume(local, tmp_path):
     out = tmp_path / "run"
-    run = hetrl.train("dqn", "CartPole-v1", out=out, progress=False, save_replay=True, **local)
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False, save_replay=True, **local)
     res = run.result
     for key in ("schedule", "actors", "envs_per_actor", "actor_busy_fraction", "learner_busy_fraction",
                 "policy_staleness_mean", "replay_ratio_achieved", "env_steps_per_s", "train_samples_per_s"):
@@ -140,24 +140,24 @@ def test_two_actors_and_cli_flags(tmp_path, capsys):
 
 @pytest.mark.parametrize("switch", ["overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate"])
 def test_each_optimisation_can_be_switched_off(local, switch):
-    run = hetrl.train("dqn", "CartPole-v1", progress=False, **{**local, switch: False})
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**local, switch: False})
     assert run.result["optimisations"][switch] is False
     assert run.result["env_steps"] == 600 and run.result["gradient_steps"] == 40
 
 
 def test_without_rate_limit_the_run_ends_with_the_data(local):
-    run = hetrl.train("dqn", "CartPole-v1", progress=False, **{**local, "rate_limit": False})
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**local, "rate_limit": False})
     assert run.result["env_steps"] == 600 and run.result["gradient_steps"] > 0
 
 
 def test_lambda_env_is_a_usage_error(local):
     with pytest.raises(UsageError, match="module-level function"):
-        hetrl.train("dqn", lambda: gym.make("CartPole-v1"), progress=False, **local)
+        hetrl.train("dqn", lambda: gym.make("CartPole-v1"), plan="none", progress=False, **local)
 
 
 def test_actor_error_surfaces_in_parent(local):
     with pytest.raises(HetrlError, match="boom: the env broke") as info:
-        hetrl.train("dqn", failing_cartpole, progress=False, **local)
+        hetrl.train("dqn", failing_cartpole, plan="none", progress=False, **local)
     assert "actor 0 failed: RuntimeError" in str(info.value) and "Traceback" in str(info.value)
 
 
@@ -192,13 +192,13 @@ def test_every_actor_setting_reaches_the_actors(tiny, schedule):
     if schedule == "local":
         settings.update(actors=1, envs_per_actor=4)
     with pytest.raises(UsageError, match="env_backend=envpool"):
-        hetrl.train("dqn", "gymnasium:CartPole-v1", progress=False, **settings)
+        hetrl.train("dqn", "gymnasium:CartPole-v1", plan="none", progress=False, **settings)
 
 
 def test_a_checkpoint_resumes_under_another_schedule(tiny, tmp_path):
     """One checkpoint format: a run saved inline continues under local (and back), replay included."""
     out = tmp_path / "run"
-    hetrl.train("dqn", "CartPole-v1", out=out, progress=False, save_replay=True, **tiny)
+    hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False, save_replay=True, **tiny)
     first = torch.load(out / "checkpoint.pt", weights_only=True)
     run = hetrl.api.resume(out, steps=1000, progress=False, evaluate_episodes=0, schedule="local", actors=1,
                            envs_per_actor=4)
@@ -370,7 +370,7 @@ def test_a_run_stops_at_exactly_the_env_steps_asked_for(tiny, schedule, n_step):
     settings = {**tiny, "steps": 590, "schedule": schedule, "n_step": n_step}
     if schedule == "local":
         settings.update(actors=2, envs_per_actor=2, insert_chunk=96)
-    run = hetrl.train("dqn", "CartPole-v1", progress=False, save_replay=False, **settings)
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, save_replay=False, **settings)
     assert run.result["env_steps"] == 590
     if n_step == 1:  # one transition per env step
         assert len(run.schedule.replay) == 590

@@ -61,11 +61,11 @@ def test_discrete_tuple_and_dict_observations_become_float_vectors():
 
 def test_an_observation_space_that_cannot_be_flattened_is_one_line():
     with pytest.raises(UsageError, match="is not a Box and cannot be flattened into one"):
-        hetrl.train("dqn", GraphObs, steps=10, progress=False)
+        hetrl.train("dqn", GraphObs, plan="none", steps=10, progress=False)
 
 
 def test_dqn_learns_a_discrete_observation_env_and_acts_on_its_raw_observations():
-    run = hetrl.train("dqn", non_slippery_lake, steps=3000, seed=0, learning_starts=500, exploration_fraction=0.5,
+    run = hetrl.train("dqn", non_slippery_lake, plan="none", steps=3000, seed=0, learning_starts=500, exploration_fraction=0.5,
                       progress=False, evaluate_episodes=3)
     assert run.result["eval_return_mean"] == 1.0          # the deterministic lake is solved
     p = run.policy
@@ -78,7 +78,7 @@ def test_dqn_learns_a_discrete_observation_env_and_acts_on_its_raw_observations(
 
 @pytest.mark.parametrize("schedule", ["inline", "local"])
 def test_dict_observations_train_under_each_schedule(schedule):
-    run = hetrl.train("dqn", "FrozenLake-v1" if schedule == "local" else DictObs, steps=800, seed=0,
+    run = hetrl.train("dqn", "FrozenLake-v1" if schedule == "local" else DictObs, plan="none", steps=800, seed=0,
                       learning_starts=200, schedule=schedule, progress=False, evaluate_episodes=0)
     assert run.result["env_steps"] == 800 and run.result["gradient_steps"] > 0
     if schedule == "inline":

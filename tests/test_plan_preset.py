@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from hetrl.config import SYSTEM_KEYS, Config, load_presets, make_config
+from hetrl import registry
+from hetrl.config import SYSTEM_KEYS, Config, make_config
 from hetrl.planner import pins_from_settings, plan
 from hetrl.planner.profile import cache_path, grid_for, machine_info, machine_id, network_key, synthetic_table
 
@@ -27,19 +28,23 @@ HAND_SETTINGS = [{}, {"schedule": "local"}, {"schedule": "inline", "device": "cp
                  {"schedule": "local", "actors": 2, "num_envs": 4}, {"num_envs": 6},
                  {"envs_per_actor": 3, "num_envs": 6},
                  {"device": "cuda", "schedule": "local"}, {"batch_size": 32, "lr": 1e-3, "gradient_steps": 4}]
-OWNED = [f.name for f in dataclasses.fields(Config) if f.name not in SYSTEM_KEYS]
+
+
+def owned(cfg) -> set[str]:
+    """The preset's (and the user's) settings of cfg's algorithm: every setting but the system's."""
+    return {f.name for f in dataclasses.fields(cfg) if f.name not in SYSTEM_KEYS}
 
 
 def presets(algos=None):
-    for algo, table in load_presets().items():
-        for env in table:
+    for algo in registry.names():
+        for env in registry.presets(algo):
             if env != "default" and (algos is None or algo in algos):
                 yield algo, "ALE/Pong-v5" if env == "atari" else env   # `atari`: every Atari id's entry
 
 
 def check_kept(cfg, result, why):
     new = result.apply(cfg)
-    changed = {k for k in OWNED if getattr(cfg, k) != getattr(new, k)}
+    changed = {k for k in owned(cfg) if getattr(cfg, k) != getattr(new, k)}
     assert not changed, (why, changed)
     assert new.num_envs == cfg.num_envs == result.plan.num_envs, why
     assert result.learning_changes == {} and not any("learning dynamics" in n for n in result.notes), why
@@ -129,11 +134,11 @@ def test_auto_plan_lists_what_it_chose_and_what_the_preset_owns(cached):
     new, info = auto_plan(cfg, {}, quiet=True)
     doc = json.loads(json.dumps(info))["plan"]
     assert doc["owned_by_preset"]["num_envs"] == 1 and doc["owned_by_preset"]["batch_size"] == 64
-    assert set(doc["owned_by_preset"]) == set(OWNED) - {"algo", "env", "seed"}
+    assert set(doc["owned_by_preset"]) == owned(cfg) - {"algo", "env", "seed"}
     assert set(doc["chosen"]) <= set(SYSTEM_KEYS) and "schedule" in doc["chosen"]
     assert doc["changed_learning_settings"] == {} and not doc["allow_more_envs"]
     assert doc["objective_meaning"].startswith("env steps/s at the preset's settings")
-    assert all(getattr(new, k) == getattr(cfg, k) for k in OWNED)
+    assert all(getattr(new, k) == getattr(cfg, k) for k in owned(cfg))
     # a setting given by hand is the user's, not the planner's choice
     _, info = auto_plan(make_config("dqn", "CartPole-v1", {"schedule": "local"}), {"schedule": "local"}, quiet=True)
     assert "schedule" not in info["plan"]["chosen"]
@@ -230,7 +235,7 @@ def test_a_runs_measured_learner_time_calibrates_the_next_prediction(cached, tmp
     cached(cfg, env_step_s=3e-3, learn_s={"cpu": 1e-6})      # a profile far faster than this machine
     _, before = auto_plan(cfg, {}, quiet=True)
     assert before["plan"]["profile"]["learner_calibration"] is None
-    run = hetrl.train("dqn", "CartPole-v1", out=tmp_path / "r", progress=False, **settings)
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", out=tmp_path / "r", progress=False, **settings)
     assert "calibration" not in run.result          # 1e-6 s: a factor beyond any drift is not kept
     path = cache_path(cfg, machine_info())
     cached(cfg, env_step_s=20e-6, learn_s={"cpu": 2e-3})     # a learner-bound profile

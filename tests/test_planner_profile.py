@@ -39,7 +39,8 @@ def test_profile_writes_rereads_and_refreshes_its_cache(cache):
     path = cache_path(cfg)
     assert path.exists() and path.parent == cache and not t1.from_cache
     doc = json.loads(path.read_text())
-    assert doc["format"] == "hetrl-profile/12" and "chosen" in doc["fastpath"] and doc["machine"]["cores"] >= 1
+    assert doc["format"] == "hetrl-profile/13" and doc["learner_kernel"]["cpu"]["name"] in ("public", "compiled")
+    assert doc["machine"]["cores"] >= 1
     for section in ("env", "act", "infer", "learn", "ds_insert", "ds_gather", "rm_sample", "rm_update",
                     "transfer", "power"):
         assert doc[section], section
@@ -225,19 +226,26 @@ def test_a_profile_belongs_to_the_blas_kernels_in_force(monkeypatch):
 
 
 def test_the_profile_times_acting_with_the_learner_kernel_it_chose(monkeypatch):
-    """The actors and inference the profile times act as the run will: through the compiled forward
-    exactly when the compiled kernel won the learner's comparison (whichever wins on this machine)."""
+    """The actors and inference the profile times act as the run will: through the chosen kernel's acting
+    (its wrap_policy), whichever kernel wins on this machine."""
     import hetrl.actors
+    from hetrl import kernels
 
-    built = []
+    built, wrapped = [], []
 
     class Recording(hetrl.actors.ActorSpec):
         def build(self):
             built.append(self.policy)
             return super().build()
 
+    def recording_build(choice, algo, _build=kernels.build):
+        kernel = _build(choice, algo)
+        wrap = kernel.wrap_policy
+        kernel.wrap_policy = lambda policy: wrapped.append(wrap(policy)) or wrapped[-1]
+        return kernel
+
     monkeypatch.setattr(hetrl.actors, "ActorSpec", Recording)
+    monkeypatch.setattr(kernels, "build", recording_build)
     t = run_profile(make_config("dqn", "CartPole-v1", TINY), devices=["cpu"], quick=True)
-    kernel = t.data["fastpath"]["kernel"]
-    assert built and kernel in ("public", "fast", "compiled")
-    assert all((p.fast is not None) == (kernel == "compiled") for p in built)
+    assert t.data["learner_kernel"]["cpu"]["name"] in ("public", "compiled")
+    assert built and all(any(p is w for w in wrapped) for p in built)

@@ -86,7 +86,7 @@ def test_learner_priorities_reach_the_servers_sampler(local_ray):
 def test_ray_schedule_runs_and_reports(local_ray, tmp_path):
     import hetrl
 
-    run = hetrl.train("dqn", "CartPole-v1", steps=3000, seed=0, out=tmp_path / "r", schedule="ray", actors=2,
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=3000, seed=0, out=tmp_path / "r", schedule="ray", actors=2,
                       ray_actor_cpus=0.5, learning_starts=500, progress=False, evaluate_episodes=2)
     r = run.result
     assert r["schedule"] == "ray" and r["actors"] == 2 and r["env_steps"] >= 3000
@@ -165,7 +165,7 @@ def test_replay_saved_from_the_server_and_resumed(local_ray, tmp_path):
     import hetrl
 
     out = tmp_path / "r"
-    hetrl.train("dqn", "CartPole-v1", steps=2000, seed=1, out=out, schedule="ray", actors=1, learning_starts=500,
+    hetrl.train("dqn", "CartPole-v1", plan="none", steps=2000, seed=1, out=out, schedule="ray", actors=1, learning_starts=500,
                 save_replay=True, progress=False, evaluate_episodes=0)
     saved = torch.load(out / "replay.pt", weights_only=True)
     assert int(saved["storage"]["size"]) >= 2000
@@ -184,7 +184,7 @@ def test_a_checkpoint_of_another_schedule_resumes_on_ray_and_an_error_closes_the
     from hetrl.errors import UsageError
 
     out = tmp_path / "r"
-    hetrl.train("dqn", "CartPole-v1", steps=600, seed=1, out=out, learning_starts=200, num_envs=4, net_arch=[32],
+    hetrl.train("dqn", "CartPole-v1", plan="none", steps=600, seed=1, out=out, learning_starts=200, num_envs=4, net_arch=[32],
                 save_replay=True, progress=False, evaluate_episodes=0, eval_episodes=0)
     run = hetrl.resume(out, steps=1200, progress=False, evaluate_episodes=0, schedule="ray", actors=1)
     assert run.result["schedule"] == "ray" and run.result["env_steps"] >= 1200
@@ -223,6 +223,6 @@ def test_ray_dqn_cartpole_learns(local_ray):
     rate-limited to the preset's replay ratio; the best evaluated policy, reported on fresh seeds)."""
     import hetrl
 
-    run = hetrl.train("dqn", "CartPole-v1", steps=50_000, seed=0, schedule="ray", actors=1, progress=False)
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=50_000, seed=0, schedule="ray", actors=1, progress=False)
     assert run.result["eval_return_mean"] >= 475, run.result
     assert abs(run.result["replay_ratio_achieved"] - 0.49) < 0.01

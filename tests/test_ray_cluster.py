@@ -32,7 +32,7 @@ def test_actors_spread_over_two_nodes_and_the_run_finishes(two_nodes):
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
     # one CPU per actor and one CPU per node: Ray must put one actor on each node
-    run = hetrl.train("dqn", "CartPole-v1", steps=2500, seed=0, schedule="ray", actors=2, ray_actor_cpus=1.0,
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=2500, seed=0, schedule="ray", actors=2, ray_actor_cpus=1.0,
                       replay_shards=2, learning_starts=500, progress=False, evaluate_episodes=0)
     r = run.result
     assert r["ray_nodes"] == 2 and r["replay_shards"] == 2
@@ -57,6 +57,6 @@ def test_a_node_without_envpool_is_found_and_named(two_nodes):
     # pinned by the user: one line naming the node and the fix, before any actor starts
     with pytest.raises(UsageError, match=r"EnvPool is not installed on the Ray node\(s\) .*"
                                          r"pip install 'hetrl\[envpool\]' there, or use --set env_backend=gymnasium"):
-        hetrl.train("dqn", "CartPole-v1", steps=600, schedule="ray", actors=2, ray_actor_cpus=1.0,
+        hetrl.train("dqn", "CartPole-v1", plan="none", steps=600, schedule="ray", actors=2, ray_actor_cpus=1.0,
                     env_backend="envpool", progress=False, evaluate_episodes=0)
     assert ray.is_initialized()   # the caller's Ray is left as it was

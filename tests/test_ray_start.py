@@ -19,7 +19,7 @@ def test_a_local_run_next_to_a_running_cluster():
     try:
         # before: ray.init(num_cpus=...) found that cluster and failed with a traceback
         # ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided")
-        run = hetrl.train("dqn", "CartPole-v1", steps=1200, seed=0, schedule="ray", actors=1, learning_starts=500,
+        run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=1200, seed=0, schedule="ray", actors=1, learning_starts=500,
                           progress=False, evaluate_episodes=0)
         assert run.result["env_steps"] >= 1200 and run.result["ray_nodes"] == 1
         assert not ray.is_initialized()                 # hetrl stopped the Ray it started

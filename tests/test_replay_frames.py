@@ -223,7 +223,7 @@ def test_an_impossible_atari_replay_is_refused_before_anything_is_allocated():
 
     tracemalloc.start()
     with pytest.raises(UsageError, match=r"buffer_size=1,000,000,000 x (79|80)\d\d bytes.*lower buffer_size"):
-        hetrl.train("dqn", "ALE/Pong-v5", steps=1000, buffer_size=10**9, eval_episodes=0, progress=False,
+        hetrl.train("dqn", "ALE/Pong-v5", plan="none", steps=1000, buffer_size=10**9, eval_episodes=0, progress=False,
                     threads=1)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()

@@ -183,7 +183,7 @@ def test_acting_policy_pickles_and_acts_within_bounds(algo):
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_discrete_actions_are_refused_naming_dqn(algo):
     with pytest.raises(UsageError, match="use dqn"):
-        hetrl.train(algo, "CartPole-v1", steps=10, progress=False)
+        hetrl.train(algo, "CartPole-v1", plan="none", steps=10, progress=False)
 
 
 SMALL = dict(plan="none", steps=400, learning_starts=200, net_arch=[16], batch_size=32, eval_episodes=0, threads=1)

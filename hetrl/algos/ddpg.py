@@ -10,30 +10,52 @@ Exploration: Gaussian (or Ornstein-Uhlenbeck) noise on mu(s), clipped to [-1, 1]
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from hetrl.algos import compiled, fastpath
-from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, load_weights, mlp, soft_update
+from hetrl.algorithm import Algorithm
+from hetrl.algos.nets import FlatAdam, flatten, load_weights, mlp, soft_update
 from hetrl.config import Config
+from hetrl.errors import UsageError
+
+
+@dataclass
+class DDPGConfig(Config):
+    """DDPG's settings beside the common ones (SB3's defaults)."""
+    tau: float = 0.005                  # Polyak coefficient of the target networks
+    max_grad_norm: float = 0.0          # no gradient clip (SB3's DDPG/TD3/SAC have none)
+    noise_type: str = "normal"          # exploration noise on mu(s): normal | ou (Ornstein-Uhlenbeck)
+    noise_std: float = 0.1              # its std, in actions scaled to [-1, 1]
+
+    def validate(self) -> None:
+        super().validate()
+        if self.noise_type not in ("normal", "ou"):
+            raise UsageError(f"noise_type={self.noise_type!r} is not supported; choose one of: normal, ou")
+        if self.noise_std < 0:
+            raise UsageError(f"noise_std must be >= 0, got {self.noise_std}")
 
 
 class Actor(nn.Module):
-    def __init__(self, obs_dim: int, act_dim: int, net_arch: list[int], obs_ndim: int = 1):
+    def __init__(self, obs_dim: int, act_dim: int, net_arch: list[int], obs_ndim: int = 1,
+                 activation: str = "relu", layer_norm: bool = False):
         super().__init__()
         self.obs_ndim = obs_ndim
-        self.mu = mlp([obs_dim, *net_arch, act_dim], out_act=nn.Tanh)
+        self.mu = mlp([obs_dim, *net_arch, act_dim], activation, layer_norm, out_act=nn.Tanh)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.mu(obs.flatten(start_dim=-self.obs_ndim) if self.obs_ndim > 1 else obs)
 
 
 class Critic(nn.Module):
-    def __init__(self, obs_dim: int, act_dim: int, net_arch: list[int], obs_ndim: int = 1):
+    def __init__(self, obs_dim: int, act_dim: int, net_arch: list[int], obs_ndim: int = 1,
+                 activation: str = "relu", layer_norm: bool = False):
         super().__init__()
         self.obs_ndim = obs_ndim
-        self.q = mlp([obs_dim + act_dim, *net_arch, 1])
+        self.q = mlp([obs_dim + act_dim, *net_arch, 1], activation, layer_norm)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         obs = obs.flatten(start_dim=-self.obs_ndim) if self.obs_ndim > 1 else obs
@@ -45,11 +67,8 @@ class DDPGPolicy:
     Stores actions in [-1, 1]; the env gets them rescaled to its Box bounds."""
 
     def __init__(self, net: Actor, low: np.ndarray, high: np.ndarray, noise_type: str, seed: int,
-                 num_envs: int | None = None, device: str = "cpu", ou_theta: float = 0.15, ou_dt: float = 1e-2,
-                 compiled_act: bool = False):
+                 num_envs: int | None = None, device: str = "cpu", ou_theta: float = 0.15, ou_dt: float = 1e-2):
         self.net, self.device = net.to(device).eval(), device
-        # optional: the same forward as one compiled call (compiled.Acting), with the run's compiled kernels
-        self.fast = compiled.Acting.of(self.net, "mu") if compiled_act else None
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         self.noise_type, self.rng = noise_type, np.random.default_rng(seed)
         self.ou_theta, self.ou_dt = ou_theta, ou_dt
@@ -60,8 +79,6 @@ class DDPGPolicy:
 
     @torch.no_grad()
     def deterministic(self, obs: np.ndarray) -> np.ndarray:
-        if self.fast is not None:
-            return self.fast(obs)
         return self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device)).cpu().numpy()
 
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
@@ -93,17 +110,30 @@ class DDPGPolicy:
             self.ou_state[done] = 0.0
 
 
-class NoisyActing:
-    """The acting side of DDPG and TD3: mu(s) plus exploration noise, on a snapshot of the actor."""
+class NoisyActing(Algorithm):
+    """The base of DDPG and TD3: continuous actions; acting is mu(s) plus exploration noise, on a snapshot of the
+    actor; the networks from the config (Actor, Critic)."""
+
+    action_spaces = (gym.spaces.Box,)
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
+        super().__init__(cfg, obs_space, act_space, device)
+        self.low, self.high = np.asarray(act_space.low), np.asarray(act_space.high)
+        self.act_dim = int(np.prod(act_space.shape))
 
     def _actor(self) -> Actor:
-        return Actor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+        return Actor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape),
+                     self.cfg.activation, self.cfg.layer_norm)
+
+    def _critic(self) -> Critic:
+        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.qf_arch or self.cfg.net_arch,
+                      len(self.obs_shape),
+                      self.cfg.activation, self.cfg.layer_norm)
 
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DDPGPolicy:
         net = self._actor()
         net.load_state_dict(self.policy_state())
-        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device,
-                          compiled_act=bool(self.cfg.compiled))
+        return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device)
 
     def policy_state(self) -> dict:
         return self.actor.state_dict()
@@ -115,14 +145,12 @@ class NoisyActing:
         pass  # targets move with the gradient steps
 
 
-class DDPG(NoisyActing, Checkpointed):
+class DDPG(NoisyActing):
+    Settings = DDPGConfig
     nets, optims = ("actor", "actor_target", "critic", "critic_target"), ("actor_opt", "critic_opt")
-    name = "ddpg"
 
-    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
-        self.cfg, self.obs_shape, self.device = cfg, obs_shape, torch.device(device)
-        self.low, self.high = np.asarray(action_space.low), np.asarray(action_space.high)
-        self.act_dim = int(np.prod(action_space.shape))
+    def __init__(self, cfg: DDPGConfig, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
+        super().__init__(cfg, obs_space, act_space, device)
         self.actor, self.actor_target = self._actor().to(self.device), self._actor().to(self.device)
         self.critic, self.critic_target = self._critic().to(self.device), self._critic().to(self.device)
         self.actor_target.load_state_dict(self.actor.state_dict())
@@ -132,18 +160,10 @@ class DDPG(NoisyActing, Checkpointed):
         self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)
         self.critic_opt = FlatAdam(self.critic, cfg.lr, cfg.max_grad_norm)
         self.actor_target_flat, self.critic_target_flat = flatten(self.actor_target), flatten(self.critic_target)
-        self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
-        self.updates = 0
-        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
-
-    def _critic(self) -> Critic:
-        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
 
     # ---- learning side -----------------------------------------------------------------
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One gradient step per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
-        if self.compiled_phase:  # the same K steps as one native call (compiled.py)
-            return compiled.phase(self, batches, weights)
         td_all = torch.empty_like(weights)
         g = self.cfg.gamma
         for k in range(weights.shape[0]):
@@ -151,13 +171,10 @@ class DDPG(NoisyActing, Checkpointed):
             with torch.no_grad():
                 next_q = self.critic_target(b["next_obs"], self.actor_target(b["next_obs"]))
                 target = b["reward"] + g ** b["steps"].float() * (~b["terminated"]).float() * next_q
-            if self.fast is None:
-                q = self.critic(b["obs"], b["action"])
-                td = q - target
-                self.critic_opt.step((weights[k] * td.pow(2)).mean())
-                self.actor_opt.step(-self.critic(b["obs"], self.actor(b["obs"])).mean())
-            else:  # the same two losses through their hand-derived gradients
-                td = fastpath.ddpg_step(self, b["obs"], b["action"], target, weights[k])
+            q = self.critic(b["obs"], b["action"])
+            td = q - target
+            self.critic_opt.step((weights[k] * td.pow(2)).mean())
+            self.actor_opt.step(-self.critic(b["obs"], self.actor(b["obs"])).mean())
             soft_update(self.critic_target_flat, self.critic_opt.flat, self.cfg.tau)
             soft_update(self.actor_target_flat, self.actor_opt.flat, self.cfg.tau)
             td_all[k] = td.detach().abs()

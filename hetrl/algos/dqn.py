@@ -10,14 +10,40 @@ The target network is copied (tau = 1) or Polyak-averaged (tau < 1) every
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetrl.algos import compiled, fastpath
-from hetrl.algos.nets import Checkpointed, FlatAdam, NatureCNN, load_weights, mlp, soft_update
+from hetrl.algorithm import Algorithm, is_image
+from hetrl.algos.nets import FlatAdam, NatureCNN, load_weights, mlp, soft_update
 from hetrl.config import Config
+from hetrl.errors import UsageError
+
+
+@dataclass
+class DQNConfig(Config):
+    """DQN's settings beside the common ones (SB3's names and defaults)."""
+    tau: float = 1.0                    # target update: 1.0 hard copy, <1 Polyak
+    target_update_interval: int = 10    # env steps between target updates
+    exploration_fraction: float = 0.1   # of the run over which epsilon goes from initial to final
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.05
+    double: bool = False                # double DQN: the online network picks the next action
+    dueling: bool = False               # Q = V + A - mean(A) over a shared body
+
+    def validate(self) -> None:
+        super().validate()
+        if self.target_update_interval <= 0:
+            raise UsageError(f"target_update_interval must be positive, got {self.target_update_interval}")
+        if not 0.0 <= self.exploration_fraction <= 1.0:
+            raise UsageError(f"exploration_fraction must be in [0, 1], got {self.exploration_fraction}")
+        for key in ("exploration_initial_eps", "exploration_final_eps"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise UsageError(f"{key} must be in [0, 1], got {getattr(self, key)}")
 
 
 class QNetwork(nn.Module):
@@ -25,7 +51,8 @@ class QNetwork(nn.Module):
     Nature CNN's 512 features first, then `net_arch` (SB3's CnnPolicy: none) and the Q head."""
 
     def __init__(self, obs_dim: int, n_actions: int, net_arch: list[int], dueling: bool = False,
-                 obs_ndim: int = 1, image: tuple[int, ...] | None = None):
+                 obs_ndim: int = 1, image: tuple[int, ...] | None = None, activation: str = "relu",
+                 layer_norm: bool = False):
         super().__init__()
         self.dueling, self.obs_ndim = dueling, obs_ndim
         self.features = NatureCNN(image) if image is not None else None
@@ -33,14 +60,12 @@ class QNetwork(nn.Module):
         if self.pixels:
             obs_dim = self.features.out_dim
         if dueling:  # Q = V + A - mean(A) over a shared body
-            self.body = mlp([obs_dim, *net_arch])
-            if net_arch:
-                self.body.append(nn.ReLU())
+            self.body = mlp([obs_dim, *net_arch], activation, layer_norm, last_act=bool(net_arch))
             width = net_arch[-1] if net_arch else obs_dim
             self.value = nn.Linear(width, 1)
             self.advantage = nn.Linear(width, n_actions)
         else:
-            self.q = mlp([obs_dim, *net_arch, n_actions])
+            self.q = mlp([obs_dim, *net_arch, n_actions], activation, layer_norm)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.pixels:  # uint8 pixels -> 512 features (scaled inside)
@@ -57,18 +82,14 @@ class QNetwork(nn.Module):
 class DQNPolicy:
     """Epsilon-greedy acting on a snapshot of the Q-network (runs in actors)."""
 
-    def __init__(self, net: QNetwork, n_actions: int, seed: int, device: str = "cpu", compiled_act: bool = False):
+    def __init__(self, net: QNetwork, n_actions: int, seed: int, device: str = "cpu"):
         self.net, self.n_actions, self.device = net.to(device).eval(), n_actions, device
         self.rng = np.random.default_rng(seed)
         self.dtype = None if net.pixels else torch.float32   # pixels stay uint8 up to the network
-        # optional: the same forward as one compiled call (compiled.Acting), with the run's compiled kernels
-        self.fast = compiled.Acting.of(self.net, "q") if compiled_act else None
 
     @torch.no_grad()
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions."""
-        if self.fast is not None:
-            return self.fast(obs).argmax(-1)
         q = self.net(torch.as_tensor(obs, dtype=self.dtype, device=self.device))
         return q.argmax(-1).cpu().numpy()
 
@@ -93,32 +114,34 @@ class DQNPolicy:
         pass
 
 
-class DQN(Checkpointed):
+class DQN(Algorithm):
+    Settings = DQNConfig
+    action_spaces = (gym.spaces.Discrete,)
+    pixels = True                                       # image observations: the Nature CNN (nets.py)
     nets, optims = ("q", "q_target"), ("opt",)          # what a checkpoint holds
-    name = "dqn"
+    shape_settings = ("dueling", "double")
+    schedule_settings = ("target_update_interval",)
 
-    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: str | torch.device = "cpu",
-                 pixels: bool = False):
-        self.cfg, self.obs_shape, self.n_actions, self.device = cfg, obs_shape, n_actions, torch.device(device)
-        self.pixels = pixels   # image observations: the Nature CNN (nets.py), never the fast path
+    def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
+        super().__init__(cfg, obs_space, act_space, device)
+        self.n_actions = int(act_space.n)
+        self.pixels = is_image(obs_space)
         self.q = self._net().to(self.device)
         self.q_target = self._net().to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
-        self.fast = fastpath.for_algorithm(self) if cfg.fastpath else None  # optional, see fastpath.py
-        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
-        self.updates = 0
 
     def _net(self) -> QNetwork:
         return QNetwork(int(np.prod(self.obs_shape)), self.n_actions, self.cfg.net_arch, self.cfg.dueling,
-                        len(self.obs_shape), tuple(self.obs_shape) if self.pixels else None)
+                        len(self.obs_shape), tuple(self.obs_shape) if self.pixels else None,
+                        self.cfg.activation, self.cfg.layer_norm)
 
     # ---- acting side -------------------------------------------------------------------
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> DQNPolicy:
         net = self._net()
         net.load_state_dict(self.policy_state())
-        return DQNPolicy(net, self.n_actions, seed, device, compiled_act=bool(self.cfg.compiled))
+        return DQNPolicy(net, self.n_actions, seed, device)
 
     def policy_state(self) -> dict:
         return self.q.state_dict()
@@ -156,8 +179,6 @@ class DQN(Checkpointed):
         of shape (K, B) for the priorities.  The target net is fixed during the K steps, so
         (plain DQN) all K targets come from one batched forward pass."""
         K = weights.shape[0]
-        if self.compiled_phase:  # the same K updates, targets included, as one native call (compiled.py)
-            return compiled.phase(self, batches, weights)
         fixed = not self.cfg.double
         targets = self._targets(batches) if fixed else None
         td_all = torch.empty_like(weights)
@@ -165,13 +186,10 @@ class DQN(Checkpointed):
             b = {key: v[k] for key, v in batches.items()}
             target = targets[k] if fixed else self._targets(b)
             a = b["action"].long().unsqueeze(-1)
-            if self.fast is None:
-                q = self.q(b["obs"]).gather(-1, a).squeeze(-1)
-                td = q - target
-                loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
-                self.opt.step(loss)
-            else:  # the same loss through its hand-derived gradient
-                td = fastpath.dqn_step(self, b["obs"], a, target, weights[k])
+            q = self.q(b["obs"]).gather(-1, a).squeeze(-1)
+            td = q - target
+            loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
+            self.opt.step(loss)
             td_all[k] = td.detach().abs()
         self.updates += K
         return td_all

@@ -6,25 +6,20 @@ RGB frame channels-last) through the Nature CNN, which takes the uint8 pixels an
 
 `FlatAdam` keeps all parameters (and their gradients) of a module in one contiguous buffer,
 so the fused Adam step and the gradient-norm clip are one kernel each instead of one per
-tensor: on a 2x256 MLP this is ~20% of a CPU update (measured, see README). The optional
-hand-derived fast path is hetrl/algos/fastpath.py.
+tensor (a fifth of a small MLP's CPU update). These are the pieces a user's algorithm is
+written with too (docs/extending.md).
 """
 
 from __future__ import annotations
 
 import weakref
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
+from hetrl.algorithm import is_image  # noqa: F401  (re-exported: where the networks are built)
 from hetrl.errors import UsageError
-
-
-def is_image(space: gym.Space) -> bool:
-    """Pixel observations: a 3-D uint8 Box (channels first, e.g. 4 stacked 84x84 frames, or last)."""
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
 class NatureCNN(nn.Module):
@@ -67,17 +62,32 @@ class NatureCNN(nn.Module):
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0   # SAC's log_std clamp (as SB3)
 
 
-def mlp(sizes: list[int], out_act: type[nn.Module] | None = None) -> nn.Sequential:
-    """Linear-ReLU stack over `sizes` = [in, hidden..., out]; no activation after the last layer
-    unless `out_act` is given."""
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+
+
+def mlp(sizes: list[int], activation: str = "relu", layer_norm: bool = False,
+        out_act: type[nn.Module] | None = None, last_act: bool = False) -> nn.Sequential:
+    """A stack of Linear layers over `sizes` = [in, hidden..., out]: after each but the last, a LayerNorm
+    (`layer_norm`) and the `activation` (relu, tanh or elu; the config's settings of those names); the last
+    Linear gets them too with `last_act` (a body that heads follow), then `out_act` if given (e.g. nn.Tanh)."""
+    if activation not in ACTIVATIONS:
+        raise UsageError(f"activation={activation!r} is not one of {', '.join(ACTIVATIONS)}; "
+                         "e.g. --set activation=relu")
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
+        if i < len(sizes) - 2 or last_act:
+            if layer_norm:
+                layers.append(nn.LayerNorm(b))
+            layers.append(ACTIVATIONS[activation]())
     if out_act is not None:
         layers.append(out_act())
     return nn.Sequential(*layers)
+
+
+def body(cfg, sizes: list[int], **kw) -> nn.Sequential:
+    """mlp(sizes) with the config's activation and layer_norm."""
+    return mlp(sizes, activation=cfg.activation, layer_norm=cfg.layer_norm, **kw)
 
 
 _OWN: "weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]]" = weakref.WeakKeyDictionary()
@@ -165,20 +175,3 @@ def soft_update(target: nn.Module | torch.Tensor, source: nn.Module | torch.Tens
             t.copy_(s)
         else:
             t.lerp_(s, tau)
-
-
-class Checkpointed:
-    """An algorithm's state_dict / load_state_dict from the names of its networks and optimizers
-    (plain tensors and numbers only, so checkpoints load with torch.load(weights_only=True))."""
-
-    nets: tuple[str, ...] = ()
-    optims: tuple[str, ...] = ()
-    updates: int = 0
-
-    def state_dict(self) -> dict:
-        return {**{k: getattr(self, k).state_dict() for k in self.nets + self.optims}, "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        for k in self.nets + self.optims:
-            getattr(self, k).load_state_dict(state[k])
-        self.updates = int(state["updates"])

@@ -23,24 +23,41 @@ log(1 - tanh(u)**2) is computed with the stable identity 2 (log 2 - u - softplus
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetrl.algos import compiled
+from hetrl.algorithm import Algorithm
 from hetrl.algos.ddpg import Critic
-from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, Checkpointed, FlatAdam, flatten, load_weights, mlp, soft_update
-from hetrl.config import Config
+from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, FlatAdam, flatten, load_weights, mlp, soft_update
+from hetrl.config import Config, check_ent_coef
+
+
+@dataclass
+class SACConfig(Config):
+    """SAC's settings beside the common ones (SB3's names and defaults)."""
+    tau: float = 0.005
+    max_grad_norm: float = 0.0
+    ent_coef: str = "auto"              # entropy coefficient alpha: auto (learned toward target_entropy, from 1.0),
+                                        # auto_X (learned, from X), or a number (fixed); SB3's convention
+    target_entropy: str = "auto"        # the entropy alpha is tuned toward: auto = -dim(actions), or a number
+
+    def validate(self) -> None:
+        super().validate()
+        check_ent_coef(self.ent_coef, "ent_coef")
+        check_ent_coef(self.target_entropy, "target_entropy")
 
 
 class GaussianActor(nn.Module):
-    def __init__(self, obs_dim: int, act_dim: int, net_arch: list[int], obs_ndim: int = 1):
+    def __init__(self, obs_dim: int, act_dim: int, net_arch: list[int], obs_ndim: int = 1,
+                 activation: str = "relu", layer_norm: bool = False):
         super().__init__()
         self.obs_ndim = obs_ndim
-        self.body = mlp([obs_dim, *net_arch])
-        self.body.append(nn.ReLU())
+        self.body = mlp([obs_dim, *net_arch], activation, layer_norm, last_act=True)
         self.mean = nn.Linear(net_arch[-1], act_dim)
         self.log_std = nn.Linear(net_arch[-1], act_dim)
 
@@ -63,13 +80,10 @@ class SACPolicy:
     """Samples from the squashed Gaussian on a snapshot of the actor (runs in actors; noise from its own
     numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds."""
 
-    def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu",
-                 compiled_act: bool = False):
+    def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu"):
         self.net, self.device = net.to(device).eval(), device
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         self.rng = np.random.default_rng(seed)
-        # optional: the same forward as one compiled call (compiled.Acting), with the run's compiled kernels
-        self.fast = compiled.Acting.of(self.net, "sac") if compiled_act else None
 
     def scale(self, a: np.ndarray) -> np.ndarray:
         return self.low + (a + 1.0) * 0.5 * (self.high - self.low)
@@ -77,8 +91,6 @@ class SACPolicy:
     @torch.no_grad()
     def deterministic(self, obs: np.ndarray) -> np.ndarray:
         """tanh(mean(s)), in [-1, 1]."""
-        if self.fast is not None:
-            return self.fast(obs, None, len(self.low))
         mean, _ = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
         return torch.tanh(mean).cpu().numpy()
 
@@ -93,12 +105,9 @@ class SACPolicy:
             a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
         else:
             eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
-            if self.fast is not None:
-                a = self.fast(obs, eps, len(self.low))
-            else:
-                a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device),
-                                       torch.from_numpy(eps).to(self.device))
-                a = a.cpu().numpy()
+            a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device),
+                                   torch.from_numpy(eps).to(self.device))
+            a = a.cpu().numpy()
         return self.scale(a), a
 
     def load(self, state: dict) -> None:
@@ -117,14 +126,15 @@ def parse_coef(value: str) -> tuple[bool, float]:
     return False, float(value)
 
 
-class SAC(Checkpointed):
+class SAC(Algorithm):
+    Settings = SACConfig
+    action_spaces = (gym.spaces.Box,)
     nets, optims = ("actor", "critics", "critics_target"), ("actor_opt", "critic_opt")
-    name = "sac"
 
-    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
-        self.cfg, self.obs_shape, self.device = cfg, tuple(obs_shape), torch.device(device)
-        self.low, self.high = np.asarray(action_space.low), np.asarray(action_space.high)
-        self.act_dim = int(np.prod(action_space.shape))
+    def __init__(self, cfg: SACConfig, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
+        super().__init__(cfg, obs_space, act_space, device)
+        self.low, self.high = np.asarray(act_space.low), np.asarray(act_space.high)
+        self.act_dim = int(np.prod(act_space.shape))
         self.actor = self._actor().to(self.device)
         self.critics = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
         self.critics_target = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
@@ -137,29 +147,24 @@ class SAC(Checkpointed):
         self.target_entropy = -float(self.act_dim) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
         self.log_alpha = torch.tensor(math.log(init), device=self.device, requires_grad=learned)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr) if learned else None
-        self.updates = 0
-        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
 
     def _actor(self) -> GaussianActor:
-        return GaussianActor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+        return GaussianActor(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape),
+                             self.cfg.activation, self.cfg.layer_norm)
 
     def _critic(self) -> Critic:
-        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.qf_arch or self.cfg.net_arch,
+                      len(self.obs_shape),
+                      self.cfg.activation, self.cfg.layer_norm)
 
     # ---- acting side -------------------------------------------------------------------------
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> SACPolicy:
         net = self._actor()
         net.load_state_dict(self.policy_state())
-        return SACPolicy(net, self.low, self.high, seed, device, compiled_act=bool(self.cfg.compiled))
+        return SACPolicy(net, self.low, self.high, seed, device)
 
     def policy_state(self) -> dict:
         return self.actor.state_dict()
-
-    def exploration(self, env_steps: int) -> float | None:
-        return None if env_steps < self.cfg.learning_starts else 1.0   # 1.0: sample from pi
-
-    def on_env_steps(self, before: int, after: int) -> None:
-        pass
 
     @property
     def alpha(self) -> float:
@@ -168,8 +173,6 @@ class SAC(Checkpointed):
     # ---- learning side -----------------------------------------------------------------------
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """K sequential gradient steps, one per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
-        if self.compiled_phase:  # the same K steps as one native call (compiled.py)
-            return compiled.phase(self, batches, weights)
         cfg, td_all = self.cfg, torch.empty_like(weights)
         q1, q2 = self.critics
         t1, t2 = self.critics_target

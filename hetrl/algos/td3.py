@@ -15,24 +15,40 @@ uniform random actions before learning_starts. Evaluation uses mu(s).
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+
+import gymnasium as gym
 import torch
 from torch import nn
 
-from hetrl.algos import compiled
-from hetrl.algos.ddpg import Critic, NoisyActing
-from hetrl.algos.nets import Checkpointed, FlatAdam, flatten, soft_update
-from hetrl.config import Config
+from hetrl.algos.ddpg import DDPGConfig, NoisyActing
+from hetrl.algos.nets import FlatAdam, flatten, soft_update
+from hetrl.errors import UsageError
 
 
-class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noise
+@dataclass
+class TD3Config(DDPGConfig):
+    """TD3's settings beside DDPG's (SB3's defaults)."""
+    policy_delay: int = 2               # gradient (critic) steps per actor and target update, counted over the run
+    target_policy_noise: float = 0.2    # std of the smoothing noise on the target action (actions in [-1, 1])
+    target_noise_clip: float = 0.5      # the smoothing noise is clipped to +-this
+
+    def validate(self) -> None:
+        super().validate()
+        if self.policy_delay <= 0:
+            raise UsageError(f"policy_delay must be positive, got {self.policy_delay}")
+        for key in ("target_policy_noise", "target_noise_clip"):
+            if getattr(self, key) < 0:
+                raise UsageError(f"{key} must be >= 0, got {getattr(self, key)}")
+
+
+class TD3(NoisyActing):  # acting: DDPG's, mu(s) plus Gaussian noise
+    Settings = TD3Config
     nets, optims = ("actor", "actor_target", "critics", "critics_target"), ("actor_opt", "critic_opt")
-    name = "td3"
+    schedule_settings = ("policy_delay",)
 
-    def __init__(self, cfg: Config, obs_shape: tuple[int, ...], action_space, device: str | torch.device = "cpu"):
-        self.cfg, self.obs_shape, self.device = cfg, tuple(obs_shape), torch.device(device)
-        self.low, self.high = np.asarray(action_space.low), np.asarray(action_space.high)
-        self.act_dim = int(np.prod(action_space.shape))
+    def __init__(self, cfg: TD3Config, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
+        super().__init__(cfg, obs_space, act_space, device)
         self.actor, self.actor_target = self._actor().to(self.device), self._actor().to(self.device)
         self.critics = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
         self.critics_target = nn.ModuleList([self._critic(), self._critic()]).to(self.device)
@@ -43,16 +59,16 @@ class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noi
         self.actor_opt = FlatAdam(self.actor, cfg.lr, cfg.max_grad_norm)      # one flat buffer per network
         self.critic_opt = FlatAdam(self.critics, cfg.lr, cfg.max_grad_norm)   # (both critics: one clip, one step)
         self.actor_target_flat, self.critic_target_flat = flatten(self.actor_target), flatten(self.critics_target)
-        compiled.attach(self)      # optional: the whole phase as one native call where it applies (compiled.py)
-        self.updates = 0          # gradient (critic) steps; the actor and the targets move every policy_delay-th
-
-    def _critic(self) -> Critic:
-        return Critic(int(np.prod(self.obs_shape)), self.act_dim, self.cfg.net_arch, len(self.obs_shape))
+        # updates: gradient (critic) steps; the actor and the targets move every policy_delay-th
 
     def policy_changes(self) -> int:
         """How many times the actor (the policy actors get) has moved: once every policy_delay-th update (the
         learner core publishes only when this changed)."""
         return self.updates // self.cfg.policy_delay
+
+    def graph_period(self) -> int:
+        """The delayed actor step is decided in Python from `updates`: its pattern repeats every policy_delay."""
+        return self.cfg.policy_delay
 
     # ---- learning side -----------------------------------------------------------------------
     @torch.no_grad()
@@ -68,8 +84,6 @@ class TD3(NoisyActing, Checkpointed):  # acting: DDPG's, mu(s) plus Gaussian noi
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """K sequential gradient steps, one per leading index of `batches` (shape (K, B, ...)); returns |TD| (K, B)."""
-        if self.compiled_phase:  # the same K steps as one native call (compiled.py)
-            return compiled.phase(self, batches, weights)
         cfg, td_all = self.cfg, torch.empty_like(weights)
         q1, q2 = self.critics
         for k in range(weights.shape[0]):

@@ -1,4 +1,13 @@
-"""The learner kernel's interface: it runs algo.learn(batches, weights)'s updates over the same state, faster."""
+"""A learner kernel: what runs an algorithm's updates. It wraps the algorithm from outside.
+
+    kernel = CompiledKernel(algo)            # or PublicKernel(algo), CudaGraphKernel(algo)
+    td = kernel.learn(batches, weights)      # the same updates as algo.learn(batches, weights)
+
+A kernel works on the algorithm's own parameters and optimizer state (checkpoints, publishing and a
+switch back to the public path see one state) and advances `algo.updates` as `algo.learn` does. The
+algorithm's `learn` (public torch) is the reference every other kernel is checked equal to before it is
+chosen (hetrl/kernels/select.py); the algorithm never imports a kernel.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +15,37 @@ import torch
 
 
 class Kernel:
-    """Runs algo.learn(batches, weights)'s updates over the same parameters and optimizer state, faster."""
-
     name = "?"
 
     def __init__(self, algo, **options):
         self.algo = algo
-        self.compile_s = 0.0   # seconds spent compiling
+        self.compile_s = 0.0     # seconds spent compiling or capturing (reported with the run's figures)
 
     @classmethod
     def check(cls, algo) -> str | None:
-        """None: it takes this algorithm (its networks, device, dtype); else one line saying why not."""
+        """None where this kernel takes `algo` (its networks, device, dtype); else one line saying why not,
+        naming the network or layer it cannot take."""
         return None
 
+    def prepare(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> None:
+        """Get ready for phases of this shape (compile, capture) without taking an update."""
+
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
-        """batches: (K, B, ...) tensors, weights (K, B); returns |TD| (K, B); advances algo.updates as algo.learn."""
-        return self.algo.learn(batches, weights)
+        """K gradient steps on batches (each field (K, B, ...)) with weights (K, B); returns |TD| (K, B)."""
+        raise NotImplementedError
 
     def use_threads(self, n: int) -> None:
-        """The learner's thread count (changes during a run)."""
+        """The learner's thread count (the ThreadGovernor lowers it while other work needs the cores)."""
+        torch.set_num_threads(max(1, int(n)))
 
     def wrap_policy(self, policy):
-        """Acting: may swap the networks inside an acting policy for equal, faster modules; returns the policy."""
+        """An acting policy with its networks' forward run by this kernel where that is faster (the same
+        function); the policy itself by default."""
         return policy
 
     def figures(self) -> dict:
+        """What result.json reports of this kernel beside its name."""
         return {}
 
     def close(self) -> None:
-        """Restore every process-wide setting it changed."""
+        """Restore every process-wide setting this kernel changed."""

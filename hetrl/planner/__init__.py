@@ -23,7 +23,7 @@ from hetrl.planner.search import OBJECTIVES, PlanResult, parse_pins, pins_from_s
 def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None = None, profile=None, *,
          cores: float | str | None = None, schedules: Iterable[str] | None = None, placement: str = "runnable",
          refresh: bool = False, quick: bool = False, progress: Callable[[str], None] | None = None,
-         top: int = 5, allow_more_envs: bool = False) -> PlanResult:
+         top: int = 5, allow_more_envs: bool = False, env=None) -> PlanResult:
     """The best plan for ``cfg`` (a hetrl Config) on this machine.
 
     The plan sets only config.SYSTEM_KEYS (schedule, device, threads, how cfg.num_envs envs are
@@ -46,7 +46,7 @@ def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None =
     if profile is None:
         from hetrl.planner.profile import load_or_profile
 
-        profile = load_or_profile(cfg, refresh=refresh, quick=quick, progress=progress)
+        profile = load_or_profile(cfg, refresh=refresh, quick=quick, progress=progress, env=env)
     if cores == "auto":
         from hetrl.planner.load import available_cores
 

@@ -23,12 +23,12 @@ def _progress(quiet: bool = False):
 
 
 def _config(args):
+    from hetrl import registry
     from hetrl.actors.envs import prepare_env, probe_spaces
-    from hetrl.algos import check_spaces
     from hetrl.config import make_config, parse_sets
 
     cfg = make_config(args.algo, args.env, parse_sets(args.sets))
-    check_spaces(cfg.algo, *probe_spaces(prepare_env(cfg.env, cfg)))
+    registry.get(cfg.algo).check_spaces(*probe_spaces(prepare_env(cfg.env, cfg)))
     return cfg
 
 
@@ -88,7 +88,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure this machine's primitives for an algo/env, cache the table",
                               description="Time env steps, inference, learner updates, replay insert/sample/update "
                                           "and transfers on every device present; cache the table per machine.")
-    p.add_argument("algo", nargs="?", default="dqn", help="dqn, ddpg, td3 or sac (default dqn)")
+    p.add_argument("algo", nargs="?", default="dqn", help="a registered algorithm (`hetrl algorithms`; default dqn)")
     p.add_argument("--env", default="CartPole-v1", help="Gymnasium id (default CartPole-v1)")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting (net_arch, batch_size, ...) as for train")

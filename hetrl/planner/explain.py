@@ -32,26 +32,14 @@ def _prefetch(measured: dict, on: bool) -> str:
             f"prefetched {measured['prefetch_s'] * 1e6:,.0f})")
 
 
-def _kernel(k: dict) -> str:
-    """The CPU learner's kernel and why: each measured one's time per update (profile)."""
-    names = {"public": "public torch path", "fast": "hand-derived fast path", "compiled": "compiled phase (numba)"}
-    chosen = k.get("kernel", "fast" if k.get("chosen") else "public")
-    timed = [f"{n} {k[n + '_s'] * 1e3:.2f}" for n in names if f"{n}_s" in k]
-    out = names[chosen] + (f" (fastest measured, ms/update: {', '.join(timed)})" if len(timed) > 1 else "")
-    g = k.get("sgemm") or {}
-    if chosen == "compiled" and g.get("chosen"):
-        probes = [f"{n} {g[n + '_s'] * 1e3:.1f}" for n in ("openblas", "mkl") if f"{n}_s" in g]
-        out += f", its matrix products on {g['chosen']}" + (f" (faster here, ms per probe: {', '.join(probes)})"
-                                                             if len(probes) > 1 else "")
-    return out
+def _kernel(choice: dict) -> list[str]:
+    """The learner's kernel and why (hetrl/kernels/select.py): the first line for the table, then what was
+    dropped (it differed from the public kernel here) or does not apply (which network or layer)."""
+    from hetrl.kernels import Choice
 
-
-def _graph(g: dict) -> str:
-    """A GPU learner's kernel and why: eager vs its phase replayed as one CUDA graph (profile)."""
-    if not g:
-        return "eager (a CUDA graph was not timed: it does not apply to this phase)"
-    return (("CUDA graph" if g.get("chosen") else "eager")
-            + f" (fastest measured, ms/update: eager {g['eager_s'] * 1e3:.3f}, CUDA graph {g['graph_s'] * 1e3:.3f})")
+    if not choice:
+        return ["learner kernel: chosen by the run (not profiled)"]
+    return Choice.from_json(choice).explain()
 
 
 def _backend(b: dict, width: int) -> str:
@@ -85,15 +73,16 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     t.add_row("schedule", p.schedule + ("" if p.runnable else " (modelled, not runnable)"))
     t.add_row("actors", f"{p.actors} x {p.envs_per_actor} envs (inference on {p.actor_inference_device}); "
               + _backend(prof.get("env_backend") or {}, p.envs_per_actor))
-    t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}"
-              + (f"; {_kernel(prof.get('fastpath') or {})}" if p.learner_device == "cpu" else
-                 f"; {_graph((prof.get('cuda_graph') or {}).get(p.learner_device) or {})}"))
+    kernel = _kernel((prof.get("learner_kernel") or {}).get(p.learner_device) or {})
+    t.add_row("learner", f"{p.learner_device}, {p.threads} thread{'s' if p.threads > 1 else ''}; {kernel[0]}")
     t.add_row("data storage", p.storage_device)
     t.add_row("replay manager", p.replay_device + (f"; {_prefetch(prof.get('prefetch') or {}, result.prefetch)}"
                                                    if p.schedule != "inline" else ""))
     t.add_row("settings", " ".join(f"{k}={v}" for k, v in p.settings().items())
               + ("" if p.runnable else "  (not runnable: see the note)"))
     con.print(t)
+    for line in kernel[1:]:
+        con.print(line, soft_wrap=True)
 
     f = Table(title="predicted", show_header=False, title_justify="left", box=None, padding=(0, 2))
     f.add_column(style="bold")

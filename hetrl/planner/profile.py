@@ -43,13 +43,10 @@ from __future__ import annotations
 
 import bisect
 import datetime as _dt
-import hashlib
 import json
 import math
 import os
-import platform
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -58,67 +55,14 @@ from hetrl.errors import UsageError
 from hetrl.planner.measure import Timing, measure, measure_threads
 from hetrl.runtime.layout import grads_per_phase, group_size  # the runtime's phase and group sizes
 
-FORMAT = "hetrl-profile/12"   # 12: the env backend chosen per width (env_backend.widths)
+FORMAT = "hetrl-profile/13"   # 13: the learner kernel per device (learner_kernel: a kernels.Choice)
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 PREFETCH_MARGIN = 0.02   # the prefetch thread is chosen where its learner loop measured >= 2% faster
 QUICK_WIDTHS = (1, 2)
 
 
-# --- where the table lives -------------------------------------------------------------------
-def cache_dir() -> Path:
-    """$HETRL_CACHE_DIR, else $XDG_CACHE_HOME/hetrl, else ~/.cache/hetrl."""
-    if os.environ.get("HETRL_CACHE_DIR"):
-        return Path(os.environ["HETRL_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hetrl"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict:
-    import torch
-
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
-    # OpenBLAS picks its kernels for the CPU when it loads, unless OPENBLAS_CORETYPE names others (some machines
-    # set it): the compiled learner's speed depends on it (AVX2 vs AVX-512: 132 vs 247 GFLOP/s on one core here)
-    blas = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
-    return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cores": os.cpu_count() or 1,
-            "torch": torch.__version__, "gpus": gpus, "optional": _optional_versions(), "blas_env": blas}
-
-
-def _optional_versions() -> dict:
-    """The versions of the optional packages a plan may pick (None: not installed). Part of the machine's
-    id, so an environment without EnvPool or numba measures its own profile instead of reading one made
-    where they were installed (whose plan would ask for them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("envpool", "numba"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def machine_id(machine: dict) -> str:
-    return hashlib.sha1(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def present_devices() -> list[str]:
-    import torch
-
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return ["cpu"] + [f"cuda:{i}" for i in range(n)]
+# --- where the table lives (this machine: hetrl/machine.py) ----------------------------------------
+from hetrl.machine import cache_dir, machine_id, machine_info, present_devices  # noqa: E402,F401
 
 
 def _slug(s: str) -> str:
@@ -128,9 +72,13 @@ def _slug(s: str) -> str:
 def network_key(cfg) -> str:
     key = "x".join(str(h) for h in cfg.net_arch)
     key += f"-stack{cfg.frame_stack}" if cfg.frame_stack > 1 else ""   # another input (and CNN) shape
-    if cfg.algo == "dqn":
-        key += "-dueling" if cfg.dueling else ""
-        key += "-double" if cfg.double else ""
+    key += f"-{cfg.activation}" if cfg.activation != "relu" else ""
+    key += "-ln" if cfg.layer_norm else ""
+    from hetrl import registry
+
+    for name in getattr(registry.get(cfg.algo), "shape_settings", ()):   # the algorithm's own (DQN: dueling)
+        value = getattr(cfg, name, None)
+        key += (f"-{name}" if value else "") if isinstance(value, bool) else f"-{name}{value}"
     return key
 
 
@@ -493,27 +441,10 @@ def sync_of(dev: str) -> Callable[[], object] | None:
 
 def synthetic_batch(spec: dict, act_space, B: int, K: int, dev: str) -> tuple[dict, Any]:
     """K stacked batches of B synthetic transitions of the replay spec ``spec`` on ``dev``, and
-    their importance weights (ones): what the profile times the learner on."""
-    import torch
+    their importance weights (ones): what the profile times the learner on (hetrl/kernels/select.py's)."""
+    from hetrl.kernels import synthetic_batch as synth
 
-    from hetrl.replay.storage import torch_dtype
-
-    out = {}
-    for name, (shape, dt) in spec.items():
-        full = (K, B, *shape)
-        if name in ("obs", "next_obs", "reward"):
-            v = torch.randn(full)
-        elif name == "action":
-            v = (torch.randint(0, int(act_space.n), full) if hasattr(act_space, "n")
-                 else torch.rand(full) * 2 - 1)
-        elif name == "terminated":
-            v = torch.rand(full) < 0.02
-        elif name == "truncated":
-            v = torch.zeros(full, dtype=torch.bool)
-        else:
-            v = torch.ones(full, dtype=torch_dtype(dt))
-        out[name] = v.to(dev, torch_dtype(dt))
-    return out, torch.ones(K, B, device=dev)
+    return synth(spec, act_space, B, K, dev)
 
 
 def learn_timing(algo, batch: dict, wts, dev: str, steps: int = 1, *, cap_s: float, tol: float = 0.05,
@@ -582,7 +513,8 @@ def prefetch_timing(algo, replay, groups, group: int, *, cap_s: float, rounds: i
 
 def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
                 cap_s: float = 2.0, tol: float = 0.05, progress: Callable[[str], None] | None = None,
-                measure_power: bool = True, ipc: bool = True) -> ProfileTable:
+                measure_power: bool = True, ipc: bool = True, refresh_kernels: bool = False,
+                env=None) -> ProfileTable:
     """Measure every primitive for ``cfg`` (algo, env, network, batch sizes) on ``devices``
     (default: every device present). ``budget_s`` bounds the whole profile: each primitive
     gets at most ``cap_s`` and an equal share of what is left."""
@@ -591,7 +523,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
 
     from hetrl.actors import ActorSpec, probe_spaces
     from hetrl.actors.envs import envpool_supports, make_vector_env, prepare_env
-    from hetrl.algos import graphed, make_algorithm, replay_spec
+    from hetrl import kernels
+    from hetrl.algos import make_algorithm, replay_spec
     from hetrl.planner.power import device_power
     from hetrl.replay import BatchGroups, ReplayBuffer
     from hetrl.replay.frames import frames_apply
@@ -611,9 +544,10 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         mkw_quick = {"min_rounds": 4, "window": 3, "min_round_s": 0.003}
     else:
         mkw_quick = {}
-    env = prepare_env(cfg.env, cfg)   # the env the run trains on (Atari preprocessing, frame_stack)
+    # the env the run trains on (Atari preprocessing, frame_stack); `env`: a factory or Env the run was given
+    env = prepare_env(env if env is not None else cfg.env, cfg)
     obs_space, act_space = probe_spaces(env)
-    spec = replay_spec(obs_space, act_space)
+    spec = replay_spec(cfg, obs_space, act_space)
     bpt = int(sum(int(np.prod(s)) * np.dtype(dt).itemsize for s, dt in spec.values()))
     W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
     n_gpu = sum(d != "cpu" for d in devices)
@@ -651,39 +585,29 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         def timed_learn(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
             return learn_timing(algo, batch, wts, dev, steps, cap_s=budget.cap(), threads=th, one=one, **mkw)
 
-        # the CPU learner's kernel: the public path, the hand-derived fast path (algos/fastpath.py) or the
-        # compiled phase (algos/compiled.py), whichever measures fastest here on a phase of K steps;
-        # every learner figure below is of the chosen one
-        from dataclasses import replace
+        # the learner's kernel on each device: the fastest of those checked equal to the public one here
+        # (hetrl/kernels/select.py; the same choice a run makes, cached per machine); every learner figure below is
+        # of the chosen one, and the actors act through it as the run's will
+        data["learner_kernel"] = {}
+        K = max(grid["k_groups"] or [1])
+        for dev in devices:
+            say(f"learner kernel on {dev}: the candidates checked against the public one and timed, {K} steps")
+            data["learner_kernel"][dev] = kernels.choose(
+                cfg, lambda dev=dev: make_algorithm(cfg, obs_space, act_space, dev), obs_space, act_space, spec, dev,
+                K, refresh=refresh_kernels).to_json()
 
-        data["fastpath"] = {"chosen": False, "kernel": "public"}
-        if "cpu" in devices:
-            K = max(grid["k_groups"] or [1])
-            flags = {"public": {}, "fast": {"fastpath": True}, "compiled": {"compiled": True}}
-            algos = {name: make_algorithm(replace(cfg, **f), obs_space, act_space, "cpu") for name, f in flags.items()}
-            # a kernel that does not apply here (torch without the private calls, a CNN, SAC...) fell back to
-            # the public path: not timed twice
-            took = {"public": True, "fast": getattr(algos["fast"], "fast", None) is not None,
-                    "compiled": getattr(algos["compiled"], "compiled_phase", False)}
-            algos = {n: a for n, a in algos.items() if took[n]}
-            per_step = {}
-            if len(algos) > 1:
-                for name, algo in algos.items():
-                    say(f"learner kernel on cpu ({name}), {K} steps")
-                    batch, wts = synth(cfg.batch_size, K, "cpu")
-                    per_step[name] = measure(lambda: algo.learn(batch, wts), cap_s=budget.cap(), **cpu).s / K
-                best = min(per_step, key=per_step.get)
-                data["fastpath"] = {**{f"{n}_s": s for n, s in per_step.items()}, "kernel": best,
-                                    "chosen": best == "fast"}
-                if "compiled" in per_step:   # the GEMM its products ran on (algos/sgemm.py)
-                    from hetrl.algos import sgemm
+        def learner_on(c, dev: str):
+            choice = kernels.Choice.from_json(data["learner_kernel"][dev])
+            return kernels.build(choice, make_algorithm(c, obs_space, act_space, dev))
 
-                    data["fastpath"]["sgemm"] = sgemm.report()
-        kernel = data["fastpath"].get("kernel", "public")
-        cfg = replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
-        # the actors below act as the run will: with the compiled kernel, through the compiled forward too
-        algo_cpu = make_algorithm(cfg, obs_space, act_space, "cpu")
+        cpu_kernel = learner_on(cfg, "cpu") if "cpu" in devices else None
+        algo_cpu = cpu_kernel.algo if cpu_kernel is not None else make_algorithm(cfg, obs_space, act_space, "cpu")
+
         explore = (lambda steps: 0.1)
+
+        def cpu_policy(**kw):
+            policy = algo_cpu.make_policy(**kw)
+            return cpu_kernel.wrap_policy(policy) if cpu_kernel is not None else policy
         # -- envs and actors; env_backend=auto: both backends timed at each width, the faster one there is the one
         # the actors of that width are measured with and a plan with that many envs per actor runs (EnvPool where
         # it has the env, Gymnasium otherwise)
@@ -713,7 +637,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 data["env_backend"].setdefault("widths", {})[str(w)] = {
                     "chosen": at[str(w)], **{f"{n}_s": t.s / w for n, t in timed.items()}}
             say(f"actor step (env + inference + n-step), {w} env(s)")
-            actor = ActorSpec(env, w, 0, algo_cpu.make_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
+            actor = ActorSpec(env, w, 0, cpu_policy(seed=1, num_envs=w), cfg.n_step, cfg.gamma,
                               at[str(w)]).build()
 
             def step_actor(actor=actor, w=w):
@@ -727,7 +651,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
         # -- inference
         for dev in devices:
             data["infer"][dev] = {}
-            policy = algo_cpu.make_policy(seed=1, device=dev)
+            policy = cpu_policy(seed=1, device=dev)
             for w in W:
                 say(f"inference on {dev}, batch {w}")
                 obs = rng.standard_normal((w, *obs_space.shape)).astype(np.float32)
@@ -735,35 +659,15 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                                                      sync=sync_of(dev), **kw_of(dev)).to_json()
 
         # -- learner, with the kernel chosen above
-        data["cuda_graph"] = {}
         for dev in devices:
             data["learn"][dev] = {}
-            # a GPU learner: eager vs the phase replayed as one CUDA graph (algos/graphed.py), the faster one is
-            # what every learner figure of this device below measures
-            graph_on = False
-            if dev != "cpu":
-                K = max(grid["k_groups"] or [1])
-                eager = make_algorithm(cfg, obs_space, act_space, dev)
-                if graphed.applies(eager, K):
-                    batch, wts = synth(cfg.batch_size, K, dev)
-                    say(f"learner on {dev}: eager vs CUDA graph, {K} steps")
-                    t_eager = timed_learn(dev, 1, eager, batch, wts, K, None)
-                    replayed = graphed.GraphedLearner(make_algorithm(cfg, obs_space, act_space, dev))
-                    replayed.learn(batch, wts)   # the capture
-                    t_graph = timed_learn(dev, 1, replayed, batch, wts, K, None)
-                    graph_on = t_graph.s < t_eager.s
-                    data["cuda_graph"][dev] = {"eager_s": t_eager.s, "graph_s": t_graph.s, "chosen": graph_on}
-
-            def learner_on(c, dev=dev, graph_on=graph_on):
-                algo = make_algorithm(c, obs_space, act_space, dev)
-                return graphed.GraphedLearner(algo) if graph_on else algo
             for th in (T if dev == "cpu" else [1]):
                 torch.set_num_threads(th)
                 data["learn"][dev][str(th)] = {}
                 for B in Bs:
                     say(f"learner update on {dev}, batch {B}, {th} thread(s)")
                     c = type(cfg)(**{**cfg.to_dict(), "batch_size": B})
-                    algo = learner_on(c)
+                    algo = learner_on(c, dev)
                     batch, wts = synth(B, 1, dev)
                     t = timed_learn(dev, th, algo, batch, wts, 1, data["learn"][dev]["1"][str(B)] if th > 1 else None)
                     data["learn"][dev][str(th)][str(B)] = t.to_json()
@@ -772,7 +676,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
                 B = cfg.batch_size
                 for K in grid["k_groups"]:
                     say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
-                    algo = learner_on(cfg)
+                    algo = learner_on(cfg, dev)
                     batch, wts = synth(B, K, dev)
                     one = data["learn_grouped"][dev]["1"][str(K)] if th > 1 else None
                     t = timed_learn(dev, th, algo, batch, wts, K, one)
@@ -837,7 +741,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
             for s in range(0, capacity, 65536):
                 rb.insert(host_batch(min(65536, capacity - s)))
             groups = BatchGroups(rb, spec, cfg.batch_size, int(K), preallocate=True)
-            data["prefetch"][name] = prefetch_timing(algo_cpu, rb, groups, int(K), cap_s=budget.cap() + budget.cap())
+            data["prefetch"][name] = prefetch_timing(cpu_kernel or algo_cpu, rb, groups, int(K), cap_s=budget.cap() + budget.cap())
             del rb, groups
         rbp = ReplayBuffer(capacity, {"reward": ((), "float32")}, "cpu", prioritized=True, seed=0)
         rbp.storage.size = capacity
@@ -958,7 +862,7 @@ def load_or_profile(cfg, refresh: bool = False, quick: bool = False, progress: C
         except (ValueError, KeyError, OSError) as e:
             if progress:
                 progress(f"cached profile {path} is unreadable ({e}); re-measuring")
-    table = run_profile(cfg, quick=quick, progress=progress, **kwargs)
+    table = run_profile(cfg, quick=quick, progress=progress, refresh_kernels=refresh, **kwargs)
     table.save(path)
     return table
 

@@ -286,20 +286,10 @@ class PlanResult:
 
     # the figures named in the API
     @property
-    def fastpath(self) -> bool:
-        """Whether the profile measured the learner's fast path (algos/fastpath.py) faster."""
-        return bool(self.profile.get("fastpath", {}).get("chosen", False))
-
-    @property
-    def compiled(self) -> bool:
-        """Whether the profile measured the learner's compiled phase (algos/compiled.py) fastest."""
-        return self.profile.get("fastpath", {}).get("kernel") == "compiled"
-
-    @property
-    def cuda_graph(self) -> bool:
-        """Whether the profile measured the learner's phase replayed as a CUDA graph faster on the
-        plan's (GPU) learner device."""
-        return bool(self.profile.get("cuda_graph", {}).get(self.plan.learner_device, {}).get("chosen", False))
+    def kernel(self) -> dict:
+        """The learner kernel the profile chose for the plan's learner device (hetrl/kernels/select.py, a
+        Choice as JSON; the run's core finds the same choice in the machine's kernel cache)."""
+        return (self.profile.get("learner_kernel") or {}).get(self.plan.learner_device) or {}
 
     @property
     def prefetch(self) -> bool:
@@ -337,17 +327,28 @@ class PlanResult:
     def power_source(self) -> str:
         return self.prediction.power_source
 
-    def apply(self, cfg):
-        """``cfg`` with this plan's settings (a new, validated Config). A plan this runtime cannot
-        run (``placement="all"``: modelled, not runnable) is a UsageError."""
-        from hetrl.config import validate
+    def system_settings(self, cfg, pinned=()) -> dict:
+        """Every system setting (config.SYSTEM_KEYS) this plan sets on ``cfg``: the placement (schedule,
+        device, threads, actors x envs_per_actor), the env backend measured faster (where cfg's is auto) and the
+        learner loop's prefetch thread (schedules that have one; unless ``pinned`` by the user). The one place
+        a planner setting is added; the learner kernel is chosen by the run itself from the same measurements
+        (hetrl/kernels/select.py), so cfg.learner_kernel stays as the user set it."""
+        out = dict(self.plan.settings())
+        if cfg.env_backend == "auto":
+            out["env_backend"] = self.env_backend
+        if self.plan.schedule != "inline" and "prefetch" not in pinned:
+            out["prefetch"] = self.prefetch
+        return out
 
+    def apply(self, cfg, pinned=()):
+        """``cfg`` with this plan's system settings (a new, validated Config). A plan this runtime cannot
+        run (``placement="all"``: modelled, not runnable) is a UsageError."""
         why = runnable_reason(self.plan)
         if why:
             raise UsageError(f"the plan puts {why}: modelled, not runnable; plan without --all-placements "
                              "(placement='runnable') to get one this runtime runs")
-        new = dataclasses.replace(cfg, **self.plan.settings())
-        validate(new)
+        new = dataclasses.replace(cfg, **self.system_settings(cfg, pinned))
+        new.validate()
         return new
 
     def to_json(self) -> dict:
@@ -401,9 +402,9 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                       pins, notes, len(plans),
                       {"path": str(table.path) if table.path else None, "from_cache": table.from_cache,
                        "machine_id": table.data.get("machine_id"), "created": table.data.get("created"),
-                       "profile_s": table.data.get("profile_s"), "fastpath": table.data.get("fastpath", {}),
+                       "profile_s": table.data.get("profile_s"),
+                       "learner_kernel": table.data.get("learner_kernel", {}),
                        "env_backend": table.data.get("env_backend", {}),
-                       "cuda_graph": table.data.get("cuda_graph", {}),
                        "prefetch": {**table.prefetch(best.plan.learner_device, work.prioritized,
                                                      learner_group(best.plan, work)),
                                     "on": prefetches(best.plan, table, work)},

@@ -29,13 +29,14 @@ import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec, prepare_env
-from hetrl.algos import compiled, graphed, make_algorithm, replay_spec, sgemm
+from hetrl import kernels
+from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
-from hetrl.runtime.layout import grads_per_phase
+from hetrl.runtime.layout import grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
 from hetrl.runtime.threads import ThreadGovernor
 
@@ -109,21 +110,18 @@ class LearnerCore:
     def __init__(self, cfg: Config, env: EnvSpec, threads: int):
         self.cfg = cfg
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
+        self._threads_before = torch.get_num_threads()   # given back by close()
         setup_process(cfg.seed, threads)
         # a learner of several threads drops to the cores other work leaves it, during the run
         self.governor = ThreadGovernor(max(1, threads))
         self.device = resolve_device(cfg.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
-        if getattr(self.algo, "compiled_phase", False):
-            # the compiled phase's matrix products run on its BLAS pool with the learner's threads and torch
-            # keeps one thread for the small ops around them: two pools spinning on the same cores made a
-            # 2-thread SAC update 12 ms instead of 6 (algos/compiled.py, use_threads)
-            self.governor.apply = lambda n: compiled.use_threads(self.algo, n)
-            self.governor.apply(self.governor.threads)
-        # on a GPU: each phase replayed as one CUDA graph where the planner measured it faster (algos/graphed.py)
-        self.graphed = graphed.GraphedLearner(self.algo) if cfg.cuda_graph and self.device.type == "cuda" else None
-        self.spec = replay_spec(self.obs_space, self.act_space)
+        self.spec = replay_spec(cfg, self.obs_space, self.act_space)
+        self.kernel_choice = kernels.choose(
+            cfg, self.twin, self.obs_space, self.act_space, self.spec, self.device,
+            group_size(grads_per_phase(cfg), cfg.prioritized), algo=self.algo)
+        self._use_kernel(self.kernel_choice)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
         self.storage_arrays = (FrameStorage if self.frames else Storage).layout(cfg.buffer_size, self.spec)
@@ -140,6 +138,26 @@ class LearnerCore:
         self.max_lag = 0                                 # the schedule's bound (0: none, e.g. inline)
         self._t0: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
+
+    def twin(self):
+        """A new algorithm object of this run's settings and spaces (kernels are checked on twins)."""
+        return make_algorithm(self.cfg, self.obs_space, self.act_space, self.device)
+
+    def _use_kernel(self, choice: kernels.Choice) -> None:
+        """Run the learner's updates with the kernel of `choice` (hetrl/kernels/); it takes the learner's threads
+        (the compiled kernel: its lanes, with torch on one thread for the small ops around a phase)."""
+        if getattr(self, "kernel", None) is not None:
+            self.kernel.close()
+        self.kernel_choice = choice
+        self.kernel = kernels.build(choice, self.algo)
+        self.governor.apply = self.kernel.use_threads
+        self.governor.apply(self.governor.threads)
+
+    def close(self) -> None:
+        """Give back what the learner changed in this process: the kernel's settings, torch's thread count."""
+        if getattr(self, "kernel", None) is not None:
+            self.kernel.close()
+        torch.set_num_threads(self._threads_before)
 
     # ---- parts ------------------------------------------------------------------------------
     def make_replay(self, buffers: dict | None = None) -> ReplayBuffer:
@@ -167,8 +185,8 @@ class LearnerCore:
         actor started on resume or after a crash does not replay the episodes of the one before."""
         cfg = self.cfg
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
-        return ActorSpec(self.env, envs, env_seed, self.algo.make_policy(seed=env_seed + 1, num_envs=envs),
-                         cfg.n_step, cfg.gamma, cfg.env_backend)
+        policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
+        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.env_backend)
 
     # ---- acting side ----------------------------------------------------------------------------
     def exploration(self, base: int, n: int, envs: int) -> list:
@@ -242,7 +260,7 @@ class LearnerCore:
             self.learn_mark = (self.elapsed(), c.env_steps)
         self.governor.tick()
         t0 = time.perf_counter()
-        td = (self.graphed or self.algo).learn(stack, weights)
+        td = self.kernel.learn(stack, weights)
         if self.cfg.check_finite and not _all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
@@ -311,12 +329,8 @@ class LearnerCore:
                "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
                "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures(),
-               "learner_kernel": ("compiled" if getattr(self.algo, "compiled_phase", False) else
-                                  "cuda_graph" if self.graphed is not None and self.graphed.graphs else
-                                  "fast" if getattr(self.algo, "fast", None) else "public"),
-               "compile_s": getattr(self.algo, "compile_s", 0.0) + (self.graphed.capture_s if self.graphed else 0.0),
-               # the GEMM the compiled kernels call (algos/sgemm.py: the faster of OpenBLAS and MKL here)
-               "sgemm": sgemm.chosen() if getattr(self.algo, "compiled_phase", False) else None}
+               "learner_kernel": self.kernel.name, "learner_kernel_source": self.kernel_choice.source,
+               "compile_s": self.kernel.compile_s, **self.kernel.figures()}
         out.update(peak_memory(self.device))
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
@@ -327,12 +341,17 @@ class LearnerCore:
         counters = asdict(self.c)
         # every learned batch is one gradient step; a drawn group not yet learned is left out
         counters["samples"] = self.c.gradient_steps * self.cfg.batch_size
-        return {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
+        return {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state(),
+                "kernel": {"name": self.kernel_choice.name, "options": dict(self.kernel_choice.options)}}
 
     def load_state_dict(self, state: dict) -> None:
         if self.c.env_steps or self.c.gradient_steps:
             raise HetrlError("load_state_dict must come before the first phase() of a schedule")
         self.algo.load_state_dict(state["algo"])
+        saved = state.get("kernel")   # a resumed run keeps the kernel it was started with (where it applies here)
+        if saved and self.cfg.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
+            self._use_kernel(kernels.choose(self.cfg, self.twin, self.obs_space, self.act_space, self.spec,
+                                            self.device, 1, algo=self.algo, saved=saved))
         known = {f.name for f in fields(Counters)}
         self.c = Counters(**{k: v for k, v in state["counters"].items() if k in known})
         self.c.samples = self.c.gradient_steps * self.cfg.batch_size

@@ -83,6 +83,9 @@ class InlineSchedule(Schedule):
         return self.c.env_steps >= self.cfg.steps
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         if self.actor is not None:
             self.actor.close()
+        self.core.close()

@@ -44,20 +44,20 @@ from hetrl.runtime.shm import SharedArrays, SharedParameterStore
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
 # what every actor imports; actors get their policy pickled from the learner and build no
 # optimizer (torch.optim's first optimizer imports torch._dynamo: 1-3 s of CPU per process)
-PRELOAD = ["hetrl.runtime.local_actor", "hetrl.algos.dqn", "hetrl.algos.ddpg", "hetrl.algos.sac", "hetrl.actors",
-           "gymnasium"]
+PRELOAD = ["hetrl.runtime.local_actor", "hetrl.actors", "gymnasium"]
 
 
-def _context(warm: bool = False):
+def _context(warm: bool = False, preload: tuple[str, ...] = ()):
     """The multiprocessing context for actors: forkserver (preloaded, ~10 ms per actor) where
     available, else spawn.  `warm` starts the forkserver now, so its imports run while this
-    process builds the learner."""
+    process builds the learner; `preload`: more modules it imports (the algorithm's, whose acting
+    policy the actors unpickle)."""
     method = os.environ.get("HETRL_START_METHOD", "forkserver")
     if method not in mp.get_all_start_methods():
         method = "spawn"
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload([*PRELOAD, *preload])
         if warm:
             from multiprocessing import forkserver, util
 
@@ -135,7 +135,9 @@ class LocalSchedule(Schedule):
             raise UsageError("overlap=false (lockstep) learns what the rate limiter allows between collect rounds; "
                              "keep rate_limit=true")
         self.lay = lay = layout(cfg)
-        _context(warm=True)
+        from hetrl import registry
+
+        _context(warm=True, preload=(registry.get(cfg.algo).__module__,))
         self.core = core = LearnerCore(cfg, env, lay.learner_threads)
         self.core.max_lag = lay.max_lag
         spec, on_cpu = core.spec, core.device.type == "cpu"
@@ -438,6 +440,7 @@ class LocalSchedule(Schedule):
             return
         self._closed = True
         self._fleet.shutdown()
+        self.core.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         for block in (*self._staging, self.params.block, self._ring):

@@ -415,6 +415,8 @@ class RaySchedule(Schedule):
         import ray
 
         self._stop_actors()
+        if getattr(self, "core", None) is not None:
+            self.core.close()
         for h in getattr(self, "servers", []):
             try:
                 ray.kill(h, no_restart=True)

@@ -1,0 +1,67 @@
+"""This machine: its identity (CPU model, cores, torch, GPUs, optional packages) and where hetrl caches
+what it measured on it (the planner's profiles, the learner kernels chosen)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """$HETRL_CACHE_DIR, else $XDG_CACHE_HOME/hetrl, else ~/.cache/hetrl."""
+    if os.environ.get("HETRL_CACHE_DIR"):
+        return Path(os.environ["HETRL_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hetrl"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    # OpenBLAS picks its kernels for the CPU when it loads, unless OPENBLAS_CORETYPE names others (some machines
+    # set it): the compiled learner's speed depends on it (AVX2 vs AVX-512: 132 vs 247 GFLOP/s on one core here)
+    blas = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cores": os.cpu_count() or 1,
+            "torch": torch.__version__, "gpus": gpus, "optional": _optional_versions(), "blas_env": blas}
+
+
+def _optional_versions() -> dict:
+    """The versions of the optional packages a plan may pick (None: not installed). Part of the machine's
+    id, so an environment without EnvPool or numba measures its own profile instead of reading one made
+    where they were installed (whose plan would ask for them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("envpool", "numba"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine_id(machine: dict) -> str:
+    return hashlib.sha1(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def present_devices() -> list[str]:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu"] + [f"cuda:{i}" for i in range(n)]
