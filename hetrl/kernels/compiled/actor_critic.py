@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled.head import Declined, Head, discount_of, f32, f32kb, optimizer, program, same_layout
+from hetrl.kernels.compiled.head import (Declined, Head, covers, discount_of, f32, f32kb, optimizer, program,
+                                         same_layout)
 from hetrl.kernels.compiled.head import vector_obs
 
 try:
@@ -50,6 +51,8 @@ class ActorCriticHead(Head):
         for p, n in zip(cprogs[1:], names[1:]):
             if p.ops.shape != cprogs[0].ops.shape or not (p.shifted(cprogs[0].lo - p.lo).ops == cprogs[0].ops).all():
                 raise Declined(f"{n} is not built as critic 1, which the twin-critic head needs")
+        covers(aopt, actor.count, "the actor")
+        covers(copt, sum(p.count for p in cprogs), "the critic")
         if actor.n_out != algo.act_dim or cprogs[0].n_out != 1 or cprogs[0].n_in != actor.n_in + algo.act_dim:
             raise Declined("the actor's and the critic's widths do not fit the observation and action sizes")
         return {"actor": actor, "critics": cprogs, "actor_opt": aopt, "critic_opt": copt}
@@ -70,7 +73,7 @@ class ActorCriticHead(Head):
         self.td3 = type(algo).__name__ == "TD3"
 
     def _need(self, rows: int) -> int:
-        """Floats of a lane's workspace for `rows` rows (what _lane and _critic_lane carve)."""
+        """Floats of a lane's workspace for `rows` rows (the most any lane function carves)."""
         a, c = self.actor, self.critics[0]
         return a.floats(rows) + c.floats(rows) + rows * (c.n_in + 2 * a.n_out + 1) + 256
 
@@ -100,7 +103,7 @@ class ActorCriticHead(Head):
         (af, ag, am, av, ast), (cf, cg, cm, cv, cst), hp = self._hp()
         n_critics = len(self.critics)
         by_critic = n_critics > 1 and nl == n_critics and self.critic_lanes
-        self.lane_split = "critics" if by_critic else "rows"
+        self.lane_split = ("critics" if by_critic else "rows") if n_critics > 1 else None
         ws, lane_ag, lane_cg, y = self._lane_buffers(B, nl, B if by_critic else -(-B // nl), af.shape[0], cf.shape[0])
         with torch.no_grad():
             td = np.empty((K, B), np.float32)
@@ -127,6 +130,9 @@ class ActorCriticHead(Head):
 
 
 if numba is not None:
+    # Calls in a prange body pass the lane as int64: numba types the loop index as int64 when it first types the
+    # phase and as uint64 in the parallel body it makes of it, which would compile each callee twice.
+
     @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
     def _smoothed(mu, e, smooth):  # pragma: no cover - compiled
         """TD3's target action clip(mu + clip(sigma e, -c, c), -1, 1) for a standard normal e, smooth = (sigma, c)
@@ -135,50 +141,60 @@ if numba is not None:
         return min(max(mu + min(max(e * smooth[0], -smooth[1]), smooth[1]), -one), one)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _lane(part, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, aops, afc, cops, cfc,
-              actor, agrad, critic, cgrad, actor_t, critic_t, ws, y, td_out):  # pragma: no cover - compiled
-        """Lane c of nl of step k: rows lo:hi of the batch on the lane's workspace and gradient buffers. part 1:
-        the target and the critics' loss gradient; part 2 (a delayed actor step, after the critics' step):
-        -mean Q_1(s, mu(s))'s gradient through critic 1's input gradient."""
+    def _critic_rows(c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, aops, afc, cops, cfc,
+                     critic, cgrad, actor_t, critic_t, ws, y, td_out):  # pragma: no cover - compiled
+        """Lane c of nl of step k, rows lo:hi of the batch: the target and the critics' loss gradient (into the
+        lane's cgrad)."""
         K, B, do = obs.shape
         A = action.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
         n_critics = cops.shape[0]
         pos = np.zeros(1, np.int64)
+        ta = tape(ws, pos, aops, R)
+        tc, gc = tape(ws, pos, cops[0], R), grad_buffers(ws, pos, cops[0], R)
+        x, na, g = mat(ws, pos, R, do + A), mat(ws, pos, R, A), mat(ws, pos, R, 1)
+        Bf = np.float32(B)
+        xo, xn = obs[k, lo:hi], next_obs[k, lo:hi]
+        mu_t = forward(aops, afc, actor_t, xn, ta)
+        for i in range(R):
+            for j in range(A):
+                na[i, j] = _smoothed(mu_t[i, j], noise[k, lo + i, j], smooth)
+        cat(xn, na, x)
+        for cc in range(n_critics):
+            q = forward(cops[cc], cfc, critic_t, x, tc)
+            for i in range(R):
+                y[lo + i] = q[i, 0] if cc == 0 else min(y[lo + i], q[i, 0])
+        for i in range(R):
+            y[lo + i] = reward[k, lo + i] + discount[k, lo + i] * y[lo + i]
+            td_out[k, lo + i] = 0
+        cat(xo, action[k, lo:hi], x)
+        for cc in range(n_critics):
+            q = forward(cops[cc], cfc, critic, x, tc)
+            for i in range(R):
+                td = q[i, 0] - y[lo + i]
+                td_out[k, lo + i] += abs(td) / np.float32(n_critics)
+                g[i, 0] = np.float32(2.0) * weight[k, lo + i] * td / Bf
+            backward(cops[cc], critic, cgrad, x, tc, gc, g, True, False)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _actor_rows(c, nl, k, obs, aops, afc, cops, cfc, actor, agrad, critic, cgrad, ws):  # pragma: no cover
+        """Lane c of nl of a delayed actor step k (after the critics' step), rows lo:hi: -mean Q_1(s, mu(s))'s
+        gradient through critic 1's input gradient (into the lane's agrad)."""
+        K, B, do = obs.shape
+        A = aops[aops.shape[0] - 1, 2]
+        lo, hi = c * B // nl, (c + 1) * B // nl
+        R = hi - lo
+        pos = np.zeros(1, np.int64)
         ta, ga = tape(ws, pos, aops, R), grad_buffers(ws, pos, aops, R)
         tc, gc = tape(ws, pos, cops[0], R), grad_buffers(ws, pos, cops[0], R)
-        x, na, gmu, g = mat(ws, pos, R, do + A), mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, 1)
-        one, Bf = np.float32(1.0), np.float32(B)
+        x, gmu, g = mat(ws, pos, R, do + A), mat(ws, pos, R, A), mat(ws, pos, R, 1)
         xo = obs[k, lo:hi]
-        if part == 1:
-            xn = next_obs[k, lo:hi]
-            mu_t = forward(aops, afc, actor_t, xn, ta)
-            for i in range(R):
-                for j in range(A):
-                    na[i, j] = _smoothed(mu_t[i, j], noise[k, lo + i, j], smooth)
-            cat(xn, na, x)
-            for cc in range(n_critics):
-                q = forward(cops[cc], cfc, critic_t, x, tc)
-                for i in range(R):
-                    y[lo + i] = q[i, 0] if cc == 0 else min(y[lo + i], q[i, 0])
-            for i in range(R):
-                y[lo + i] = reward[k, lo + i] + discount[k, lo + i] * y[lo + i]
-                td_out[k, lo + i] = 0
-            cat(xo, action[k, lo:hi], x)
-            for cc in range(n_critics):
-                q = forward(cops[cc], cfc, critic, x, tc)
-                for i in range(R):
-                    td = q[i, 0] - y[lo + i]
-                    td_out[k, lo + i] += abs(td) / np.float32(n_critics)
-                    g[i, 0] = np.float32(2.0) * weight[k, lo + i] * td / Bf
-                backward(cops[cc], critic, cgrad, x, tc, gc, g, True, False)
-            return
         mu = forward(aops, afc, actor, xo, ta)
         cat(xo, mu, x)
         forward(cops[0], cfc, critic, x, tc)
         for i in range(R):
-            g[i, 0] = -one / Bf
+            g[i, 0] = np.float32(-1.0) / np.float32(B)
         gin = backward(cops[0], critic, cgrad, x, tc, gc, g, False, True)
         for i in range(R):
             for j in range(A):
@@ -201,25 +217,26 @@ if numba is not None:
                 xn[lo + i, do + j] = _smoothed(mu_t[i, j], noise[k, lo + i, j], smooth)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _critic_lane(part, cc, k, obs, action, reward, discount, weight, cops, cfc, critic, cgrad, critic_t, xn, ws,
-                     qt, tdc, adam, cm, cv, consts, eps, tau, lo, hi):  # pragma: no cover - compiled
-        """Critic cc of the twins on the whole batch, in its own lane (its parameters: critic[lo:hi]). part 1:
-        its target Q_cc,t(xn) into qt[cc]; part 2 (after every critic's part 1): y = r + discount min_c qt[c], its
-        squared error's gradient and backward into its span of cgrad, |td| into tdc[cc]; with `adam` (no clip:
-        nothing to wait for) its span's Adam step (`consts`: this step's, counted once) and, where tau > 0, its
-        Polyak target."""
+    def _target_q(cc, cops, cfc, critic_t, xn, ws, qt):  # pragma: no cover - compiled
+        """Critic cc's target Q_cc,t(xn) on the whole batch into qt[cc] (its own lane)."""
+        pos = np.zeros(1, np.int64)
+        q = forward(cops[cc], cfc, critic_t, xn, tape(ws, pos, cops[cc], xn.shape[0]))
+        for i in range(xn.shape[0]):
+            qt[cc, i] = q[i, 0]
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _critic_step(cc, k, obs, action, reward, discount, weight, cops, cfc, critic, cgrad, critic_t, ws, qt, tdc,
+                     adam, cm, cv, consts, eps, tau, lo, hi):  # pragma: no cover - compiled
+        """Critic cc of the twins on the whole batch, in its own lane (its parameters: critic[lo:hi]), after every
+        critic's target: y = r + discount min_c qt[c], its squared error's gradient and backward into its span of
+        cgrad, |td| into tdc[cc]; with `adam` (no clip: nothing to wait for) its span's Adam step (`consts`: this
+        step's, counted once) and, where tau > 0, its Polyak target."""
         K, B, do = obs.shape
         A = action.shape[2]
         n_critics = cops.shape[0]
         ops = cops[cc]
         pos = np.zeros(1, np.int64)
-        t = tape(ws, pos, ops, B)
-        if part == 1:
-            q = forward(ops, cfc, critic_t, xn, t)
-            for i in range(B):
-                qt[cc, i] = q[i, 0]
-            return
-        gs = grad_buffers(ws, pos, ops, B)
+        t, gs = tape(ws, pos, ops, B), grad_buffers(ws, pos, ops, B)
         x, g = mat(ws, pos, B, do + A), mat(ws, pos, B, 1)
         cat(obs[k], action[k], x)
         q = forward(ops, cfc, critic, x, t)
@@ -255,15 +272,17 @@ if numba is not None:
         for k in range(K):
             if by_critic:
                 for c in numba.prange(nl):
-                    _target_input_rows(c, nl, k, next_obs, noise, smooth, aops, afc, actor_t, ws[c], xn)
+                    lane = np.int64(c)
+                    _target_input_rows(lane, nl, k, next_obs, noise, smooth, aops, afc, actor_t, ws[lane], xn)
                 for c in numba.prange(nl):
-                    _critic_lane(1, c, k, obs, action, reward, discount, weight, cops, cfc, critic, cgrad, critic_t,
-                                 xn, ws[c], qt, tdc, False, cm, cv, zero5, eps, 0.0, cbase[c], cbase[c] + nc)
+                    lane = np.int64(c)
+                    _target_q(lane, cops, cfc, critic_t, xn, ws[lane], qt)
                 consts = adam_consts(cstep, clr, b1, b2) if fused else zero5
                 lane_tau = tau if fused and (updates + 1) % delay == 0 else 0.0
                 for c in numba.prange(nl):
-                    _critic_lane(2, c, k, obs, action, reward, discount, weight, cops, cfc, critic, cgrad, critic_t,
-                                 xn, ws[c], qt, tdc, fused, cm, cv, consts, eps, lane_tau, cbase[c], cbase[c] + nc)
+                    lane = np.int64(c)
+                    _critic_step(lane, k, obs, action, reward, discount, weight, cops, cfc, critic, cgrad, critic_t,
+                                 ws[lane], qt, tdc, fused, cm, cv, consts, eps, lane_tau, cbase[lane], cbase[lane] + nc)
                 for i in range(B):
                     t = np.float32(0.0)
                     for c in range(n_critics):
@@ -273,16 +292,17 @@ if numba is not None:
                     lanes_clip_adam(critic, cgrad, lane_cg[:0], nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
             else:
                 for c in numba.prange(nl):
-                    _lane(1, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, aops, afc, cops,
-                          cfc, actor, agrad if c == 0 else lane_ag[c - 1], critic, cgrad if c == 0 else lane_cg[c - 1],
-                          actor_t, critic_t, ws[c], y, td_out)
+                    lane = np.int64(c)
+                    _critic_rows(lane, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, aops, afc,
+                                 cops, cfc, critic, cgrad if lane == 0 else lane_cg[lane - 1], actor_t, critic_t,
+                                 ws[lane], y, td_out)
                 lanes_clip_adam(critic, cgrad, lane_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
             updates += 1
             if updates % delay == 0:
                 for c in numba.prange(nl):
-                    _lane(2, c, nl, k, obs, action, reward, next_obs, discount, weight, noise, smooth, aops, afc, cops,
-                          cfc, actor, agrad if c == 0 else lane_ag[c - 1], critic, cgrad if c == 0 else lane_cg[c - 1],
-                          actor_t, critic_t, ws[c], y, td_out)
+                    lane = np.int64(c)
+                    _actor_rows(lane, nl, k, obs, aops, afc, cops, cfc, actor, agrad if lane == 0 else lane_ag[lane - 1],
+                                critic, cgrad if lane == 0 else lane_cg[lane - 1], ws[lane])
                 lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
                 if not fused:  # (fused: each critic's lane did its own)
                     lanes_polyak(critic_t, critic, tau, nl)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled.head import (Declined, Head, discount_of, f32, f32kb, optimizer, program, vector_obs)
+from hetrl.kernels.compiled.head import (Declined, Head, covers, discount_of, f32, f32kb, optimizer, program,
+                                         vector_obs)
 from hetrl.kernels.compiled.layers import Program, compile_program, order_offsets
 
 try:
@@ -38,6 +39,7 @@ class DQNHead(Head):
                            "piece for")
         opt = optimizer(algo.opt, "the Q network")
         q = program(algo.q.q, opt.flat, "the Q network")
+        covers(opt, q.count, "the Q network")
         tq = compile_program(algo.q_target.q, order_offsets(algo.q_target), "the target Q network")
         if not ((tq.ops == q.ops).all() and (tq.fc == q.fc).all()):
             raise Declined("the target Q network is not laid out as the Q network")
@@ -138,9 +140,11 @@ if numba is not None:
         D, A = next_obs.shape[2], next_q.shape[2]
         nxt, nq = next_obs.reshape((K * B, D)), next_q.reshape((K * B, A))
         for c in numba.prange(nl):
-            _target_rows(ops, fc, target_flat, nxt, nq, c * K * B // nl, (c + 1) * K * B // nl, ws[c])
+            lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
+            _target_rows(ops, fc, target_flat, nxt, nq, lane * K * B // nl, (lane + 1) * K * B // nl, ws[lane])
         for k in range(K):
             for c in numba.prange(nl):
-                _lane(c, nl, k, obs, action, reward, discount, weight, ops, fc, flat, grad if c == 0 else lane_g[c - 1],
-                      double, next_q, next_obs, ws[c], td_out)
+                lane = np.int64(c)
+                _lane(lane, nl, k, obs, action, reward, discount, weight, ops, fc, flat,
+                      grad if lane == 0 else lane_g[lane - 1], double, next_q, next_obs, ws[lane], td_out)
             lanes_clip_adam(flat, grad, lane_g, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)

@@ -78,6 +78,14 @@ def optimizer(opt, what: str) -> AdamViews:
     return AdamViews(opt.opt, opt.param, opt.flat, opt.grad)
 
 
+def covers(opt: AdamViews, count: int, what: str) -> None:
+    """The programs (and heads) of a network must train every parameter its optimizer steps."""
+    n = opt.flat.numel()
+    if count != n:
+        raise Declined(f"{what}'s optimizer holds {n} parameters, of which its layers the compiled kernel runs hold "
+                       f"{count}")
+
+
 def program(seq, flat: torch.Tensor, what: str) -> Program:
     return compile_program(seq, param_offsets(flat), what)
 
@@ -90,7 +98,8 @@ def same_layout(a: Program, b: Program, what: str) -> None:
 
 def vector_obs(algo) -> None:
     if getattr(algo, "pixels", False):
-        raise Declined("the observations are images (the Nature CNN), which the compiled kernel has no piece for")
+        raise Declined("the observations are pixels, through the Nature CNN (convolutions), which the compiled kernel has no "
+                       "piece for")
     dev = getattr(algo, "device", torch.device("cpu"))
     if torch.device(dev).type != "cpu":
         raise Declined(f"the learner runs on {dev}; the compiled kernel runs on the CPU")

@@ -115,10 +115,15 @@ class CompiledKernel(Kernel):
         wrap(policy.net, self.gemm)
         return policy
 
+    def prepare(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> None:
+        """(Compiled in __init__; the lanes' buffers are made by the first phase of a shape.)"""
+
     def figures(self) -> dict:
-        out = {"sgemm": self.gemm, "lanes": self._lanes, "compile_s": round(self.compile_s, 3)}
+        """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_note": why not the one
+        asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows"}."""
+        out = {"gemm": self.gemm, "lanes": self._lanes}
         if sgemm.note():
-            out["sgemm_note"] = sgemm.note()
+            out["gemm_note"] = sgemm.note()
         if self.head.lane_split:
             out["lane_split"] = self.head.lane_split
         return out

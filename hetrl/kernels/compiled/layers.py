@@ -47,7 +47,8 @@ COLS = 6   # kind, fi, fo, weight offset, bias offset, activation
 @dataclass(frozen=True)
 class Program:
     """A network as the compiled pieces run it: `ops` (n, 6) int64 and `fc` (n, 2) float32 (see the module's
-    docstring); `n_in` / `n_out` its input and output widths; parameters at offsets lo:hi of its flat buffer."""
+    docstring); `n_in` / `n_out` its input and output widths; its `count` parameters at offsets lo:hi of its flat
+    buffer."""
 
     ops: np.ndarray
     fc: np.ndarray
@@ -55,13 +56,14 @@ class Program:
     n_out: int
     lo: int
     hi: int
+    count: int = 0
 
     def shifted(self, by: int) -> "Program":
         """The same network with its parameters `by` floats further into the buffer."""
         ops = self.ops.copy()
         for c in (3, 4):
             ops[:, c] = np.where(ops[:, c] >= 0, ops[:, c] + by, -1)
-        return Program(ops, self.fc, self.n_in, self.n_out, self.lo + by, self.hi + by)
+        return Program(ops, self.fc, self.n_in, self.n_out, self.lo + by, self.hi + by, self.count)
 
     def floats(self, rows: int, grads: bool = True) -> int:
         """Floats of workspace that `tape` (and, with grads, `grad_buffers`) carve for `rows` rows."""
@@ -168,7 +170,8 @@ def compile_program(seq: nn.Module, offset: Callable[[torch.Tensor], int], what:
     ops = np.array(rows, np.int64).reshape(-1, COLS)
     lo = min((a for a, _ in params), default=0)
     hi = max((b for _, b in params), default=0)
-    return Program(ops, np.array(consts, np.float32).reshape(-1, 2), int(ops[0, 1]), int(width), lo, hi)
+    return Program(ops, np.array(consts, np.float32).reshape(-1, 2), int(ops[0, 1]), int(width), lo, hi,
+                   sum(b - a for a, b in params))
 
 
 # ---- the compiled pieces ------------------------------------------------------------------------------
@@ -355,61 +358,51 @@ if numba is not None:
                 g[i, j] = np.float32((g[i, j] - s1 - st[i, j] * s2) * r)
 
     # -- the interpreter --
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _op_fwd(ops, fc, i, flat, xin, t):  # pragma: no cover - compiled
-        kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
-        out = t[3 * i]
-        if kind == LINEAR:
-            dot(xin, flat[wo:wo + fo * fi].reshape((fo, fi)).T, out)
-            _bias_act(out, flat, bo, act, fc[i, 1], t[3 * i + 2])
-        elif kind == NORM:
-            _norm_fwd(xin, out, t[3 * i + 1], t[3 * i + 2], flat, wo, bo, fc[i, 0], act, fc[i, 1])
-        else:
-            out[:, :] = xin
-            _bias_act(out, flat, -1, act, fc[i, 1], t[3 * i + 2])
-
+    # (one loop each way, without a function per op: numba links every callee's code into each caller and
+    # optimises it again there, so each level of calls costs compile time)
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def forward(ops, fc, flat, x, t):  # pragma: no cover - compiled
         """Run the program on the rows x (R, n_in); every op's output in the tape t (tape(ws, pos, ops, R)),
-        the network's in t[3 * (n - 1)]."""
+        the network's (returned) in t[3 * (n - 1)]."""
+        xin = x
         for i in range(ops.shape[0]):
-            if i == 0:
-                _op_fwd(ops, fc, i, flat, x, t)
+            kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
+            out = t[3 * i]
+            if kind == LINEAR:
+                gemm(xin, flat[wo:wo + fo * fi].reshape((fo, fi)).T, out, np.float32(0.0))
+                _bias_act(out, flat, bo, act, fc[i, 1], t[3 * i + 2])
+            elif kind == NORM:
+                _norm_fwd(xin, out, t[3 * i + 1], t[3 * i + 2], flat, wo, bo, fc[i, 0], act, fc[i, 1])
             else:
-                _op_fwd(ops, fc, i, flat, t[3 * i - 3], t)
-        return t[3 * ops.shape[0] - 3]
-
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _op_bwd(ops, i, flat, grad, xin, t, gs, g, params, need_in):  # pragma: no cover - compiled
-        kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
-        y, d = t[3 * i], t[3 * i + 2]
-        if kind == LINEAR:
-            if params and bo >= 0:
-                _act_grad_colsum(g, y, d, act, grad[bo:bo + fo])
-            else:
-                _act_grad(g, y, d, act)
-            if params:
-                dot(g.T, xin, grad[wo:wo + fo * fi].reshape((fo, fi)))
-            if need_in:
-                gp = gs[i]
-                dot(g, flat[wo:wo + fo * fi].reshape((fo, fi)), gp)
-                return gp
-            return g
-        _act_grad(g, y, d, act)
-        if kind == NORM:
-            _norm_bwd(g, t[3 * i + 1], flat, grad, wo, bo, params)
-        return g
+                out[:, :] = xin
+                _bias_act(out, flat, bo, act, fc[i, 1], t[3 * i + 2])
+            xin = out
+        return xin
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def backward(ops, flat, grad, x, t, gs, g, params, input_grad):  # pragma: no cover - compiled
         """The backward of forward(ops, fc, flat, x, t) for a loss whose gradient w.r.t. the network's output is g
         (a workspace matrix, overwritten): the parameters' gradients written into `grad` (same offsets as
         `flat`) if `params`; returns the gradient w.r.t. the input x if `input_grad` (gs: grad_buffers)."""
+        zero = np.float32(0.0)
         for i in range(ops.shape[0] - 1, -1, -1):
-            if i == 0:
-                g = _op_bwd(ops, i, flat, grad, x, t, gs, g, params, input_grad)
+            kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
+            y, d = t[3 * i], t[3 * i + 2]
+            if kind == LINEAR:
+                if params and bo >= 0:
+                    _act_grad_colsum(g, y, d, act, grad[bo:bo + fo])
+                else:
+                    _act_grad(g, y, d, act)
+                if params:
+                    gemm(g.T, x if i == 0 else t[3 * i - 3], grad[wo:wo + fo * fi].reshape((fo, fi)), zero)
+                if i > 0 or input_grad:
+                    gp = gs[i]
+                    gemm(g, flat[wo:wo + fo * fi].reshape((fo, fi)), gp, zero)
+                    g = gp
             else:
-                g = _op_bwd(ops, i, flat, grad, t[3 * i - 3], t, gs, g, params, True)
+                _act_grad(g, y, d, act)
+                if kind == NORM:
+                    _norm_bwd(g, t[3 * i + 1], flat, grad, wo, bo, params)
         return g
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -417,3 +410,16 @@ if numba is not None:
         """out = the program's output on x, its scratch carved from ws (acting, tests)."""
         pos = np.zeros(1, np.int64)
         out[:, :] = forward(ops, fc, flat, x, tape(ws, pos, ops, x.shape[0]))
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def value_and_grads(ops, fc, flat, grad, x, g, ws, out, gin):  # pragma: no cover - compiled
+        """out = the program's output on x; for the loss sum(out * g): the parameters' gradients into grad and the
+        input's into gin (one forward and one backward, as the heads run them)."""
+        R = x.shape[0]
+        pos = np.zeros(1, np.int64)
+        t = tape(ws, pos, ops, R)
+        gs = grad_buffers(ws, pos, ops, R)
+        gg = mat(ws, pos, R, g.shape[1])
+        gg[:, :] = g
+        out[:, :] = forward(ops, fc, flat, x, t)
+        gin[:, :] = backward(ops, flat, grad, x, t, gs, gg, True, True)

@@ -124,11 +124,13 @@ if numba is not None:
         n = flat.shape[0]
         part = np.zeros(nl, np.float32)
         for c in numba.prange(nl):
-            part[c] = _gather_span(grad, lanes, c * n // nl, (c + 1) * n // nl)
+            lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
+            part[lane] = _gather_span(grad, lanes, lane * n // nl, (lane + 1) * n // nl)
         coef = clip_coef(part.sum(), max_norm)
         consts = adam_consts(step, lr, beta1, beta2)
         for c in numba.prange(nl):
-            adam_span(flat, grad, exp_avg, exp_avg_sq, c * n // nl, (c + 1) * n // nl, coef, consts, eps)
+            lane = np.int64(c)
+            adam_span(flat, grad, exp_avg, exp_avg_sq, lane * n // nl, (lane + 1) * n // nl, coef, consts, eps)
 
     @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
     def polyak(target, source, tau):  # pragma: no cover - compiled
@@ -148,5 +150,5 @@ if numba is not None:
         """polyak with the parameters split over nl parallel lanes."""
         n = target.shape[0]
         for c in numba.prange(nl):
-            lo, hi = c * n // nl, (c + 1) * n // nl
-            polyak(target[lo:hi], source[lo:hi], tau)
+            lane = np.int64(c)
+            polyak(target[lane * n // nl:(lane + 1) * n // nl], source[lane * n // nl:(lane + 1) * n // nl], tau)

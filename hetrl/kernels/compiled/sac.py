@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN
-from hetrl.kernels.compiled.head import Declined, Head, discount_of, f32, f32kb, optimizer, program, same_layout
+from hetrl.kernels.compiled.head import (Declined, Head, covers, discount_of, f32, f32kb, optimizer, program,
+                                         same_layout)
 from hetrl.kernels.compiled.head import vector_obs
 from hetrl.kernels.compiled.layers import param_offsets
 from hetrl.kernels.compiled.optim import AdamViews
@@ -29,7 +30,7 @@ try:
     import numba
 
     from hetrl.kernels.compiled.head import cat
-    from hetrl.kernels.compiled.layers import backward, dot, forward, gemm, grad_buffers, mat, tape
+    from hetrl.kernels.compiled.layers import backward, forward, gemm, grad_buffers, mat, tape
     from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, polyak
 except ImportError:  # pragma: no cover
     numba = None
@@ -48,9 +49,10 @@ class SACHead(Head):
         heads = []
         for name in ("mean", "log_std"):
             m = getattr(actor, name, None)
-            if type(m) is not nn.Linear or m.bias is None or m.in_features != body.n_out:
-                raise Declined(f"the actor's {name} head is a {type(m).__name__}, not a Linear layer with a bias on its "
-                               "body's output")
+            if (type(m) is not nn.Linear or m.bias is None or m.in_features != body.n_out
+                    or m.out_features != algo.act_dim):
+                raise Declined(f"the actor's {name} head is a {type(m).__name__}, not a Linear layer with a bias from its "
+                               "body's output to the action")
             try:
                 heads += [off(m.weight), off(m.bias)]
             except Declined as e:
@@ -64,6 +66,8 @@ class SACHead(Head):
         if cprogs[1].ops.shape != cprogs[0].ops.shape or not (
                 cprogs[1].shifted(cprogs[0].lo - cprogs[1].lo).ops == cprogs[0].ops).all():
             raise Declined("critic 2 is not built as critic 1, which the twin-critic head needs")
+        covers(aopt, body.count + 2 * (algo.act_dim * body.n_out + algo.act_dim), "the actor")
+        covers(copt, sum(p.count for p in cprogs), "the critic")
         if cprogs[0].n_out != 1 or cprogs[0].n_in != body.n_in + algo.act_dim:
             raise Declined("the critics' widths do not fit the observation and action sizes")
         if algo.alpha_opt is not None:
@@ -84,7 +88,7 @@ class SACHead(Head):
                       if algo.alpha_opt is not None else None)
 
     def _need(self, rows: int) -> int:
-        """Floats of a lane's workspace for `rows` rows (what _lane carves)."""
+        """Floats of a lane's workspace for `rows` rows (what _carve carves)."""
         a, c = self.body, self.critics[0]
         A, H = self.algo.act_dim, a.n_out
         return (2 * a.floats(rows, grads=False) + a.floats(rows) - a.floats(rows, grads=False) + 2 * c.floats(rows)
@@ -144,8 +148,8 @@ if numba is not None:
         h = forward(ops, fc, actor, x, t)
         H = h.shape[1]
         mw, mb, lw, lb = heads[0], heads[1], heads[2], heads[3]
-        dot(h, actor[mw:mw + A * H].reshape((A, H)).T, mean)
-        dot(h, actor[lw:lw + A * H].reshape((A, H)).T, lsr)
+        gemm(h, actor[mw:mw + A * H].reshape((A, H)).T, mean, np.float32(0.0))
+        gemm(h, actor[lw:lw + A * H].reshape((A, H)).T, lsr, np.float32(0.0))
         half_log_2pi, log2 = np.float32(0.5 * np.log(2 * np.pi)), np.float32(np.log(2.0))
         for i in range(B):
             s = np.float32(0.0)
@@ -165,48 +169,64 @@ if numba is not None:
             logp[i] = s
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _lane(part, c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads,
-              cops, cfc, actor, agrad, critic, cgrad, critic_t, alpha, ws, logp, nlogp, y, td_out):  # pragma: no cover
-        """Lane c of nl of step k: rows lo:hi of the batch on the lane's workspace and gradient buffers. part 1:
-        both actions and log-probs, the soft twin-min target, the critics' loss gradient; part 2 (after the critics'
-        step): the actor loss's gradient. The workspace is carved the same way in both parts: part 2 reads part 1's
-        actor pass."""
+    def _carve(ws, R, aops, cops, do, A):  # pragma: no cover - compiled
+        """A lane's matrices for R rows, carved from ws the same way for both parts of a step (the actor's part
+        reads the actor pass the critics' part kept)."""
+        H = aops[aops.shape[0] - 1, 2]
+        pos = np.zeros(1, np.int64)
+        ta, tn, ga = tape(ws, pos, aops, R), tape(ws, pos, aops, R), grad_buffers(ws, pos, aops, R)
+        tc0, tc1, gc = tape(ws, pos, cops[0], R), tape(ws, pos, cops[0], R), grad_buffers(ws, pos, cops[0], R)
+        heads = (mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A))   # mean, lsr, u, a
+        nheads = (mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A))
+        grads = (mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, H))  # d a, d mean, d ls, d h
+        x, g, qa = mat(ws, pos, R, do + A), mat(ws, pos, R, 1), mat(ws, pos, 2, R)
+        return ta, tn, ga, tc0, tc1, gc, heads, nheads, grads, x, g, qa
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _critic_rows(c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads,
+                     cops, cfc, actor, critic, cgrad, critic_t, alpha, ws, logp, nlogp, y, td_out):  # pragma: no cover
+        """Lane c of nl of step k, rows lo:hi of the batch: both actions and log-probs, the soft twin-min target,
+        the critics' loss gradient (into the lane's cgrad)."""
         K, B, do = obs.shape
         A = action.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
-        pos = np.zeros(1, np.int64)
-        ta, tn, ga = tape(ws, pos, aops, R), tape(ws, pos, aops, R), grad_buffers(ws, pos, aops, R)
-        tc0, tc1, gc = tape(ws, pos, cops[0], R), tape(ws, pos, cops[0], R), grad_buffers(ws, pos, cops[0], R)
-        mean, lsr, u, a = mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A)
-        nmean, nlsr, nu, na = mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A)
-        ga_, dmean, dls = mat(ws, pos, R, A), mat(ws, pos, R, A), mat(ws, pos, R, A)
-        x, g, qa = mat(ws, pos, R, do + A), mat(ws, pos, R, 1), mat(ws, pos, 2, R)
-        H = aops[aops.shape[0] - 1, 2]
-        dh = mat(ws, pos, R, H)
-        one, Bf = np.float32(1.0), np.float32(B)
+        ta, tn, ga, tc0, tc1, gc, (mean, lsr, u, a), (nmean, nlsr, nu, na), _, x, g, qa = _carve(ws, R, aops, cops,
+                                                                                                  do, A)
+        Bf = np.float32(B)
         xo, xn = obs[k, lo:hi], next_obs[k, lo:hi]
-        if part == 1:
-            _squashed(aops, afc, heads, actor, xo, ta, eps_pi[k, lo:hi], mean, lsr, u, a, logp[lo:hi])
-            _squashed(aops, afc, heads, actor, xn, tn, eps_next[k, lo:hi], nmean, nlsr, nu, na, nlogp[lo:hi])
-            cat(xn, na, x)
-            for cc in range(2):
-                q = forward(cops[cc], cfc, critic_t, x, tc0)
-                for i in range(R):
-                    y[lo + i] = q[i, 0] if cc == 0 else min(y[lo + i], q[i, 0])
+        _squashed(aops, afc, heads, actor, xo, ta, eps_pi[k, lo:hi], mean, lsr, u, a, logp[lo:hi])
+        _squashed(aops, afc, heads, actor, xn, tn, eps_next[k, lo:hi], nmean, nlsr, nu, na, nlogp[lo:hi])
+        cat(xn, na, x)
+        for cc in range(2):
+            q = forward(cops[cc], cfc, critic_t, x, tc0)
             for i in range(R):
-                y[lo + i] = reward[k, lo + i] + discount[k, lo + i] * (y[lo + i] - alpha * nlogp[lo + i])
-                td_out[k, lo + i] = 0
-            cat(xo, action[k, lo:hi], x)
-            for cc in range(2):  # critic loss 0.5 mean(w td1^2) + 0.5 mean(w td2^2)
-                q = forward(cops[cc], cfc, critic, x, tc0)
-                for i in range(R):
-                    td = q[i, 0] - y[lo + i]
-                    td_out[k, lo + i] += np.float32(0.5) * abs(td)
-                    g[i, 0] = weight[k, lo + i] * td / Bf
-                backward(cops[cc], critic, cgrad, x, tc0, gc, g, True, False)
-            return
-        # part 2: actor loss mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))), critics after their step
+                y[lo + i] = q[i, 0] if cc == 0 else min(y[lo + i], q[i, 0])
+        for i in range(R):
+            y[lo + i] = reward[k, lo + i] + discount[k, lo + i] * (y[lo + i] - alpha * nlogp[lo + i])
+            td_out[k, lo + i] = 0
+        cat(xo, action[k, lo:hi], x)
+        for cc in range(2):  # critic loss 0.5 mean(w td1^2) + 0.5 mean(w td2^2)
+            q = forward(cops[cc], cfc, critic, x, tc0)
+            for i in range(R):
+                td = q[i, 0] - y[lo + i]
+                td_out[k, lo + i] += np.float32(0.5) * abs(td)
+                g[i, 0] = weight[k, lo + i] * td / Bf
+            backward(cops[cc], critic, cgrad, x, tc0, gc, g, True, False)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _actor_rows(c, nl, k, obs, eps_pi, aops, heads, cops, cfc, actor, agrad, critic, cgrad, alpha,
+                    ws):  # pragma: no cover - compiled
+        """Lane c of nl of step k (after the critics' step), rows lo:hi: the gradient of the actor loss
+        mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))) into the lane's agrad, from _critic_rows' actor pass."""
+        K, B, do = obs.shape
+        A = eps_pi.shape[2]
+        lo, hi = c * B // nl, (c + 1) * B // nl
+        R = hi - lo
+        ta, _, ga, tc0, tc1, gc, (mean, lsr, u, a), _, (ga_, dmean, dls, dh), x, g, qa = _carve(ws, R, aops, cops,
+                                                                                                 do, A)
+        one, Bf = np.float32(1.0), np.float32(B)
+        xo = obs[k, lo:hi]
         cat(xo, a, x)
         q0 = forward(cops[0], cfc, critic, x, tc0)
         q1 = forward(cops[1], cfc, critic, x, tc1)
@@ -231,18 +251,20 @@ if numba is not None:
                 inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
                 dls[i, j] = (du * np.exp(r) * eps_pi[k, lo + i, j] - alpha / Bf) if inside else np.float32(0.0)
         h = ta[3 * aops.shape[0] - 3]
+        H = h.shape[1]
         mw, mb, lw, lb = heads[0], heads[1], heads[2], heads[3]
-        dot(dmean.T, h, agrad[mw:mw + A * H].reshape((A, H)))
-        dot(dls.T, h, agrad[lw:lw + A * H].reshape((A, H)))
+        zero = np.float32(0.0)
+        gemm(dmean.T, h, agrad[mw:mw + A * H].reshape((A, H)), zero)
+        gemm(dls.T, h, agrad[lw:lw + A * H].reshape((A, H)), zero)
         for j in range(A):
-            sm, sl = np.float32(0.0), np.float32(0.0)
+            sm, sl = zero, zero
             for i in range(R):
                 sm += dmean[i, j]
                 sl += dls[i, j]
             agrad[mb + j] = sm
             agrad[lb + j] = sl
-        dot(dmean, actor[mw:mw + A * H].reshape((A, H)), dh)
-        gemm(dls, actor[lw:lw + A * H].reshape((A, H)), dh, np.float32(1.0))
+        gemm(dmean, actor[mw:mw + A * H].reshape((A, H)), dh, zero)
+        gemm(dls, actor[lw:lw + A * H].reshape((A, H)), dh, one)
         backward(aops, actor, agrad, xo, ta, ga, dh, True, False)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
@@ -260,9 +282,10 @@ if numba is not None:
         for k in range(K):
             alpha = np.float32(np.exp(log_alpha[0]))  # before this step's alpha update
             for c in numba.prange(nl):
-                _lane(1, c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads,
-                      cops, cfc, actor, agrad if c == 0 else lane_ag[c - 1], critic,
-                      cgrad if c == 0 else lane_cg[c - 1], critic_t, alpha, ws[c], logp, nlogp, y, td_out)
+                lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
+                _critic_rows(lane, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc,
+                             heads, cops, cfc, actor, critic, cgrad if lane == 0 else lane_cg[lane - 1], critic_t,
+                             alpha, ws[lane], logp, nlogp, y, td_out)
             if learn_alpha:
                 s = np.float32(0.0)
                 for i in range(B):
@@ -271,8 +294,9 @@ if numba is not None:
                 clip_adam(log_alpha, galpha, alm, alv, alstep, al_lr, al_b1, al_b2, al_eps, 0.0)
             lanes_clip_adam(critic, cgrad, lane_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
             for c in numba.prange(nl):
-                _lane(2, c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads,
-                      cops, cfc, actor, agrad if c == 0 else lane_ag[c - 1], critic,
-                      cgrad if c == 0 else lane_cg[c - 1], critic_t, alpha, ws[c], logp, nlogp, y, td_out)
+                lane = np.int64(c)
+                _actor_rows(lane, nl, k, obs, eps_pi, aops, heads, cops, cfc, actor,
+                            agrad if lane == 0 else lane_ag[lane - 1], critic, cgrad if lane == 0 else lane_cg[lane - 1],
+                            alpha, ws[lane])
             lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
             polyak(critic_t, critic, tau)
