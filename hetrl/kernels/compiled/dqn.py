@@ -50,14 +50,13 @@ class DQNHead(Head):
         p = self.programs(algo)
         self.q: Program = p["q"]
         self.opt = p["opt"]
+        self.target_params = list(algo.q_target.parameters())   # (loads copy into them in place)
 
     def _lane_buffers(self, B: int, nl: int, n: int) -> tuple:
-        rows = -(-B // nl)
-        need = self.q.floats(rows) + rows * (self.q.n_out + 1) + 64
-
         def make():
-            return (np.zeros((nl, max(need, self.q.floats(CHUNK, grads=False) + 64)), np.float32),
-                    np.zeros((nl - 1, n), np.float32))
+            rows = -(-B // nl)
+            need = max(self.q.floats(rows) + rows * (self.q.n_out + 1), self.q.floats(CHUNK, grads=False)) + 64
+            return np.zeros((nl, need), np.float32), np.zeros((nl - 1, n), np.float32)
         return self.buffers((B, nl, n), make)
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
@@ -66,7 +65,7 @@ class DQNHead(Head):
         (flat, grad, m, v, step), (lr, beta1, beta2, eps) = self.opt.get()
         ws, lane_g = self._lane_buffers(B, nl, flat.shape[0])
         with torch.no_grad():
-            target_flat = torch.cat([p.reshape(-1) for p in algo.q_target.parameters()]).numpy()
+            target_flat = torch.cat([p.reshape(-1) for p in self.target_params]).numpy()
             td = np.empty((K, B), np.float32)
             next_q = np.empty((K, B, self.q.n_out), np.float32)
             phase(f32(b["obs"], K, B), np.ascontiguousarray(b["action"].numpy(), np.int64), f32kb(b["reward"]),

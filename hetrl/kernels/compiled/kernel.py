@@ -8,6 +8,7 @@ it does not take an algorithm (a layer without a piece, dueling heads, pixels, a
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -69,6 +70,7 @@ class CompiledKernel(Kernel):
         self.threads = 0                # the learner's threads (use_threads); 0: torch's count
         self._torch_threads: int | None = None   # torch's count before use_threads set it to one
         self._lanes = 0
+        self._numba: dict[int, list[int]] = {}   # thread id -> [its count before, the count set]
         sgemm.limit_openblas()
         self._closed = False
         torch_threads = torch.get_num_threads()
@@ -93,12 +95,21 @@ class CompiledKernel(Kernel):
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         nl = self._lanes = self.lanes(weights.shape[1])
-        prev = numba.get_num_threads()
-        numba.set_num_threads(nl)   # (for the calling thread)
-        try:
-            return self.head.learn(batches, weights, nl)
-        finally:
-            numba.set_num_threads(prev)
+        self._numba_threads(nl)
+        return self.head.learn(batches, weights, nl)
+
+    def _numba_threads(self, n: int) -> None:
+        """numba's thread count for the calling thread (its own setting, per thread): n, changed only when it is not
+        n already, the thread's own count remembered for close(). (Setting and restoring it around each phase cost
+        ~40 us a call; where other code changes it in between, a phase runs its lanes on the threads it finds:
+        the same result.)"""
+        tid = threading.get_ident()
+        got = self._numba.get(tid)
+        if got is None:
+            got = self._numba[tid] = [numba.get_num_threads(), -1]
+        if got[1] != n:
+            numba.set_num_threads(n)
+            got[1] = n
 
     def use_threads(self, n: int) -> None:
         """Run the phases on n lanes (numba's threads, one GEMM thread each) and torch (the small ops around a
@@ -135,4 +146,7 @@ class CompiledKernel(Kernel):
         if self._torch_threads is not None:
             torch.set_num_threads(self._torch_threads)
             self._torch_threads = None
+        got = self._numba.pop(threading.get_ident(), None)   # (a thread's own: given back where close() runs)
+        if got is not None:
+            numba.set_num_threads(got[0])
         sgemm.restore_openblas()
