@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+
 def threads_env(n: int) -> dict:
     return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), "OPENBLAS_NUM_THREADS": str(n),
             "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1", "NPROC": str(n)}
@@ -223,6 +224,9 @@ def main() -> None:
     for k, s in med.items():
         rel = "".join(f", {med[o] / s:.2f}x {o}" for o in med if o != k and o in ("public", "jax", "compiled_old"))
         print(f"  {k:12s} {s * 1e3:.3f} ms/update{rel}")
+    if len(best.get("compiled", [])) == len(best.get("compiled_old", [])) > 0:   # each round pairs them
+        paired = statistics.median(a / b for a, b in zip(best["compiled"], best["compiled_old"]))
+        print(f"  compiled / compiled_old time, median of the rounds' ratios: {paired:.3f}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"env": a.env, "batch_size": cfg.batch_size, "net_arch": cfg.net_arch,
                                        "activation": cfg.activation, "layer_norm": cfg.layer_norm,

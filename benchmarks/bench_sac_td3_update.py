@@ -83,6 +83,8 @@ def peak(shapes, reps_flop=3e8) -> dict[str, dict[tuple, float]]:
     z = np.zeros((2, 2), np.float32)
     dot(z, z, z.copy(), 1)
     got: dict[str, dict[tuple, float]] = {"torch.mm": {}, gemm_name: {}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # (torch.mm's own threads; threadpoolctl holds the BLAS libraries it sees)
     with threadpool_limits(1, user_api="blas"):
         for m, k, n in shapes:
             reps = max(2, int(reps_flop // (m * k * n)))
@@ -91,6 +93,7 @@ def peak(shapes, reps_flop=3e8) -> dict[str, dict[tuple, float]]:
             for name, s in (("torch.mm", _best(lambda: torch.mm(a, b), reps)),
                             (gemm_name, _best(lambda: dot(an, bn, out, reps), 1) / reps)):
                 got[name][(m, k, n)] = 2 * m * k * n / s / 1e9
+    torch.set_num_threads(threads)
     return got
 
 
@@ -183,7 +186,11 @@ for algo_name in args.algos:
            "peak_gflops": mm_peak, "peak_of": [best_of[0], list(best_of[1])], "ms_per_update": {}, "rounds_ms": {}}
     for name, s in med.items():
         g = flops / 1e9 / s
-        rel = f", {s / med['compiled_old']:.3f}x compiled_old" if name == "compiled" and "compiled_old" in med else ""
+        rel = ""
+        if name == "compiled" and "compiled_old" in med:   # and the median of the rounds' ratios (each round pairs them)
+            paired = statistics.median(a / b for a, b in zip(times["compiled"], times["compiled_old"]))
+            rel = f", {s / med['compiled_old']:.3f}x compiled_old's time (per round: {paired:.3f}x)"
+            rec["compiled_vs_old_paired"] = paired
         print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {args.calls})  {g:5.1f} GFLOP/s = "
               f"{g / mm_peak * 100:3.0f}% of the peak{rel}")
         rec["ms_per_update"][name] = s * 1e3

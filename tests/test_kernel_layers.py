@@ -11,7 +11,12 @@ from torch import nn
 
 from hetrl.algos.nets import flatten, mlp
 from hetrl.kernels.compiled import available
-from hetrl.kernels.compiled.layers import Declined, compile_program, order_offsets, param_offsets
+from hetrl.kernels.compiled.layers import (
+    Declined,
+    compile_program,
+    order_offsets,
+    param_offsets,
+)
 
 pytestmark = pytest.mark.skipif(available() is not None, reason="numba/scipy not installed")
 

@@ -22,7 +22,12 @@ import torch
 from torch import nn
 
 from hetrl.kernels.compiled import sgemm
-from hetrl.kernels.compiled.layers import Declined, Program, compile_program, order_offsets
+from hetrl.kernels.compiled.layers import (
+    Declined,
+    Program,
+    compile_program,
+    order_offsets,
+)
 
 try:
     from hetrl.kernels.compiled.layers import run

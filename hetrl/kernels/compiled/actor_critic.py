@@ -14,19 +14,36 @@ Polyak target on a delayed step) is done in its lane while its gradient is in ca
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled.head import (Declined, Head, covers, discount_of, f32, f32kb, optimizer, program,
-                                         same_layout)
-from hetrl.kernels.compiled.head import vector_obs
+from hetrl.kernels.compiled.head import (
+    Declined,
+    Head,
+    covers,
+    discount_of,
+    f32,
+    f32kb,
+    optimizer,
+    program,
+    same_layout,
+    vector_obs,
+)
 
 try:
     import numba
 
     from hetrl.kernels.compiled.head import cat
     from hetrl.kernels.compiled.layers import backward, forward, grad_buffers, mat, tape
-    from hetrl.kernels.compiled.optim import adam_consts, adam_span, lanes_clip_adam, lanes_polyak, polyak
+    from hetrl.kernels.compiled.optim import (
+        adam_consts,
+        adam_span,
+        lanes_clip_adam,
+        lanes_polyak,
+        polyak,
+    )
 except ImportError:  # pragma: no cover
     numba = None
 
@@ -68,7 +85,7 @@ class ActorCriticHead(Head):
         # a lane per critic steps its own span of the critics' buffer: the critics must tile it
         spans = sorted((c.lo, c.hi) for c in self.critics)
         tiled = spans[0][0] == 0 and spans[-1][1] == self.copt.flat.numel() and all(
-            a[1] == b[0] and b[1] - b[0] == self.nc for a, b in zip(spans, spans[1:]))
+            a[1] == b[0] and b[1] - b[0] == self.nc for a, b in itertools.pairwise(spans))
         self.critic_lanes = critic_lanes and tiled
         self.td3 = type(algo).__name__ == "TD3"
 
@@ -145,7 +162,7 @@ if numba is not None:
                      critic, cgrad, actor_t, critic_t, ws, y, td_out):  # pragma: no cover - compiled
         """Lane c of nl of step k, rows lo:hi of the batch: the target and the critics' loss gradient (into the
         lane's cgrad)."""
-        K, B, do = obs.shape
+        _, B, do = obs.shape
         A = action.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
@@ -181,7 +198,7 @@ if numba is not None:
     def _actor_rows(c, nl, k, obs, aops, afc, cops, cfc, actor, agrad, critic, cgrad, ws):  # pragma: no cover
         """Lane c of nl of a delayed actor step k (after the critics' step), rows lo:hi: -mean Q_1(s, mu(s))'s
         gradient through critic 1's input gradient (into the lane's agrad)."""
-        K, B, do = obs.shape
+        _, B, do = obs.shape
         A = aops[aops.shape[0] - 1, 2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
@@ -204,7 +221,7 @@ if numba is not None:
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _target_input_rows(c, nl, k, next_obs, noise, smooth, aops, afc, actor_t, ws, xn):  # pragma: no cover
         """Lane c of nl: rows lo:hi of the target critics' input (s', the smoothed mu_t(s')) into xn."""
-        K, B, do = next_obs.shape
+        _, B, do = next_obs.shape
         A = noise.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         pos = np.zeros(1, np.int64)
@@ -231,7 +248,7 @@ if numba is not None:
         critic's target: y = r + discount min_c qt[c], its squared error's gradient and backward into its span of
         cgrad, |td| into tdc[cc]; with `adam` (no clip: nothing to wait for) its span's Adam step (`consts`: this
         step's, counted once) and, where tau > 0, its Polyak target."""
-        K, B, do = obs.shape
+        _, B, do = obs.shape
         A = action.shape[2]
         n_critics = cops.shape[0]
         ops = cops[cc]

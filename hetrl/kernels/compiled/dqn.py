@@ -13,8 +13,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled.head import (Declined, Head, covers, discount_of, f32, f32kb, optimizer, program,
-                                         vector_obs)
+from hetrl.kernels.compiled.head import (
+    Declined,
+    Head,
+    covers,
+    discount_of,
+    f32,
+    f32kb,
+    optimizer,
+    program,
+    vector_obs,
+)
 from hetrl.kernels.compiled.layers import Program, compile_program, order_offsets
 
 try:
@@ -101,7 +110,7 @@ if numba is not None:
     def _lane(c, nl, k, obs, action, reward, discount, weight, ops, fc, flat, grad, double, next_q, next_obs, ws,
               td_out):  # pragma: no cover - compiled
         """Lane c of nl of update k: rows lo:hi of the batch, the loss's gradient into the lane's `grad`."""
-        K, B = action.shape
+        _, B = action.shape
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
         n = ops.shape[0]

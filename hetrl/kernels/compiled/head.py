@@ -13,7 +13,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled.layers import Declined, Program, compile_program, param_offsets
+from hetrl.kernels.compiled.layers import (
+    Declined,
+    Program,
+    compile_program,
+    param_offsets,
+)
 from hetrl.kernels.compiled.optim import AdamViews
 
 try:

@@ -24,8 +24,8 @@ Matrix products go through `sgemm.dot` (the bound GEMM, one thread). Each piece 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ class Program:
     hi: int
     count: int = 0
 
-    def shifted(self, by: int) -> "Program":
+    def shifted(self, by: int) -> Program:
         """The same network with its parameters `by` floats further into the buffer."""
         ops = self.ops.copy()
         for c in (3, 4):

@@ -20,9 +20,18 @@ import torch
 from torch import nn
 
 from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN
-from hetrl.kernels.compiled.head import (Declined, Head, covers, discount_of, f32, f32kb, optimizer, program,
-                                         same_layout)
-from hetrl.kernels.compiled.head import vector_obs
+from hetrl.kernels.compiled.head import (
+    Declined,
+    Head,
+    covers,
+    discount_of,
+    f32,
+    f32kb,
+    optimizer,
+    program,
+    same_layout,
+    vector_obs,
+)
 from hetrl.kernels.compiled.layers import param_offsets
 from hetrl.kernels.compiled.optim import AdamViews
 
@@ -30,8 +39,15 @@ try:
     import numba
 
     from hetrl.kernels.compiled.head import cat
-    from hetrl.kernels.compiled.layers import backward, forward, gemm, grad_buffers, mat, tape
-    from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, polyak
+    from hetrl.kernels.compiled.layers import (
+        backward,
+        forward,
+        gemm,
+        grad_buffers,
+        mat,
+        tape,
+    )
+    from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, lanes_polyak
 except ImportError:  # pragma: no cover
     numba = None
 
@@ -187,12 +203,12 @@ if numba is not None:
                      cops, cfc, actor, critic, cgrad, critic_t, alpha, ws, logp, nlogp, y, td_out):  # pragma: no cover
         """Lane c of nl of step k, rows lo:hi of the batch: both actions and log-probs, the soft twin-min target,
         the critics' loss gradient (into the lane's cgrad)."""
-        K, B, do = obs.shape
+        _, B, do = obs.shape
         A = action.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
-        ta, tn, ga, tc0, tc1, gc, (mean, lsr, u, a), (nmean, nlsr, nu, na), _, x, g, qa = _carve(ws, R, aops, cops,
-                                                                                                  do, A)
+        ta, tn, _, tc0, _, gc, (mean, lsr, u, a), (nmean, nlsr, nu, na), _, x, g, _ = _carve(ws, R, aops, cops,
+                                                                                             do, A)
         Bf = np.float32(B)
         xo, xn = obs[k, lo:hi], next_obs[k, lo:hi]
         _squashed(aops, afc, heads, actor, xo, ta, eps_pi[k, lo:hi], mean, lsr, u, a, logp[lo:hi])
@@ -219,12 +235,12 @@ if numba is not None:
                     ws):  # pragma: no cover - compiled
         """Lane c of nl of step k (after the critics' step), rows lo:hi: the gradient of the actor loss
         mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))) into the lane's agrad, from _critic_rows' actor pass."""
-        K, B, do = obs.shape
+        _, B, do = obs.shape
         A = eps_pi.shape[2]
         lo, hi = c * B // nl, (c + 1) * B // nl
         R = hi - lo
-        ta, _, ga, tc0, tc1, gc, (mean, lsr, u, a), _, (ga_, dmean, dls, dh), x, g, qa = _carve(ws, R, aops, cops,
-                                                                                                 do, A)
+        ta, _, ga, tc0, tc1, gc, (_, lsr, _, a), _, (ga_, dmean, dls, dh), x, g, qa = _carve(ws, R, aops, cops,
+                                                                                            do, A)
         one, Bf = np.float32(1.0), np.float32(B)
         xo = obs[k, lo:hi]
         cat(xo, a, x)
@@ -274,7 +290,7 @@ if numba is not None:
               td_out):  # pragma: no cover - compiled
         """K steps of SAC with the Gaussian noise given (eps_pi: the actor's and alpha's, eps_next: the target's
         next action). Lane 0 writes the optimizers' gradient buffers, lane c > 0 lane_ag / lane_cg[c - 1]."""
-        K, B, do = obs.shape
+        K, B, _ = obs.shape
         nl = ws.shape[0]
         alr, clr, b1, b2, eps, max_norm, tau, te = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7]
         al_lr, al_b1, al_b2, al_eps = hp[8], hp[9], hp[10], hp[11]
@@ -299,4 +315,4 @@ if numba is not None:
                             agrad if lane == 0 else lane_ag[lane - 1], critic, cgrad if lane == 0 else lane_cg[lane - 1],
                             alpha, ws[lane])
             lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
-            polyak(critic_t, critic, tau)
+            lanes_polyak(critic_t, critic, tau, nl)
