@@ -384,13 +384,18 @@ def test_dot_equals_numpy_on_each_gemm_chosen_explicitly(name):
     assert "already multiply on" in got["again"] or "mkl" not in sgemm.candidates()
 
 
-def test_hetrl_sgemm_pins_the_choice_and_an_unknown_name_is_one_line():
-    p = _run("from hetrl.kernels.compiled import sgemm; print(sgemm.bind('mkl'))", env_value="openblas")
-    assert p.returncode == 0 and p.stdout.split() == ["openblas"]
-    p = _run("from hetrl.kernels.compiled import sgemm; sgemm.bind()", env_value="nosuchblas")
-    assert p.returncode != 0 and "HETRL_SGEMM=nosuchblas: not a GEMM hetrl knows" in p.stderr
+def test_hetrl_sgemm_pins_the_choice_and_an_unknown_name_is_one_line(monkeypatch):
+    """HETRL_SGEMM is read, never written: it wins over the choice asked for (no error for another name while it
+    pins the bound one); an unknown name there or asked for is one line."""
     from hetrl.errors import UsageError
 
+    bound = sgemm.bind()
+    monkeypatch.setenv(sgemm.ENV, bound)
+    assert sgemm.pinned() == bound and sgemm.bind("openblas" if bound == "mkl" else "mkl") == bound
+    monkeypatch.setenv(sgemm.ENV, "nosuchblas")
+    with pytest.raises(UsageError, match="HETRL_SGEMM=nosuchblas: not a GEMM hetrl knows"):
+        sgemm.pinned()
+    monkeypatch.delenv(sgemm.ENV)
     with pytest.raises(UsageError, match="gemm='fast': not a GEMM hetrl knows"):
         sgemm.bind("fast")
 

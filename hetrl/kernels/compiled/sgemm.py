@@ -125,6 +125,15 @@ def _usage(msg: str):
     return UsageError(msg)
 
 
+def pinned() -> str | None:
+    """The GEMM HETRL_SGEMM names (None: unset); an unknown name is one line naming it."""
+    want = os.environ.get(ENV, "").strip().lower()
+    if want and want not in NAMES:
+        raise _usage(f"{ENV}={want}: not a GEMM hetrl knows; unset it to let hetrl time them, or name one of "
+                     f"{', '.join(NAMES)}")
+    return want or None
+
+
 def bind(name: str | None = None) -> str:
     """Bind the GEMM `dot` calls, once per process, and return its name: HETRL_SGEMM's if set, else `name`
     ("mkl" or "openblas"; MKL where this torch has no MKL symbols falls back to OpenBLAS, see note()), else the
@@ -136,8 +145,7 @@ def bind(name: str | None = None) -> str:
         if "name" not in _bound:
             _bind_once(name)
     got = _bound["name"]
-    pinned = os.environ.get(ENV, "").strip().lower()
-    if name is not None and name != got and not pinned and not (name == "mkl" and _bound.get("note")):
+    if name is not None and name != got and not pinned() and not (name == "mkl" and _bound.get("note")):
         raise _usage(f"gemm={name!r}: this process's compiled kernels already multiply on {got} (the GEMM is "
                      f"bound once per process); start a new process to use {name}")
     return got
@@ -146,10 +154,7 @@ def bind(name: str | None = None) -> str:
 def _bind_once(name: str | None) -> None:
     have = candidates()
     _, why_no_mkl = _mkl()
-    want = os.environ.get(ENV, "").strip().lower() or name
-    if want and want not in NAMES:
-        raise _usage(f"{ENV}={want}: not a GEMM hetrl knows; unset it to let hetrl time them, or name one of "
-                     f"{', '.join(NAMES)}")
+    want = pinned() or name
     note = ""
     if want == "mkl" and "mkl" not in have:
         note, want = f"OpenBLAS, since {why_no_mkl}", "openblas"
