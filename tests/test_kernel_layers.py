@@ -117,3 +117,12 @@ def test_other_networks_are_declined_with_a_line():
     flat = torch.zeros(100)   # parameters that are not views of this buffer
     with pytest.raises(Declined, match="the actor's layer 0: its parameter is not a view of its optimizer's flat"):
         compile_program(seq, param_offsets(flat), "the actor")
+
+
+def test_numbas_cache_of_the_kernel_is_keyed_to_all_of_its_sources():
+    """A head's cached machine code contains the pieces it calls from other files: its cache entry is stamped with
+    every source of the package, so an edit of any of them compiles the heads again."""
+    from hetrl.kernels.compiled import cache, dqn
+
+    locator = dqn.phase._cache._impl.locator
+    assert locator.get_source_stamp() == cache.package_stamp()

@@ -45,6 +45,7 @@ try:
         gemm,
         grad_buffers,
         mat,
+        tanh32,
         tape,
     )
     from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, lanes_polyak
@@ -177,7 +178,7 @@ if numba is not None:
                 ls = min(max(r, np.float32(LOG_STD_MIN)), np.float32(LOG_STD_MAX))
                 uu = m + np.exp(ls) * e[i, j]
                 u[i, j] = uu
-                a[i, j] = np.tanh(uu)
+                a[i, j] = tanh32(uu)
                 z = np.float32(-2.0) * uu
                 sp = z if z > 20 else np.log1p(np.exp(z))   # softplus (torch's threshold 20)
                 s += np.float32(-0.5) * e[i, j] * e[i, j] - ls - half_log_2pi
