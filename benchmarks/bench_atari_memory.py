@@ -49,7 +49,7 @@ def main() -> None:
     cfg = make_config("dqn", args.game)
     env = prepare_env(args.game, cfg)
     obs_space, act_space = probe_spaces(env)
-    spec = replay_spec(obs_space, act_space)
+    spec = replay_spec(cfg, obs_space, act_space)
     out: dict = {"game": args.game, "obs": list(obs_space.shape), "spec": {k: [list(s), str(d)] for k, (s, d) in spec.items()}}
 
     layout = {}

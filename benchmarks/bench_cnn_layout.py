@@ -30,7 +30,7 @@ LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 def learner(layout: torch.memory_format) -> DQN:
     torch.manual_seed(0)
-    cfg = make_config("dqn", "ALE/Breakout-v5", {"compiled": False, "fastpath": False})
+    cfg = make_config("dqn", "ALE/Breakout-v5", {"learner_kernel": "public"})
     algo = DQN(cfg, (4, 84, 84), 4, pixels=True)
     algo.q.features.cpu_layout = algo.q_target.features.cpu_layout = layout
     return algo

@@ -1,6 +1,6 @@
 """The Ray replay server against the local shared-memory replay, and the ray schedule against local.
 
-    python benchmarks/bench_ray.py [--only replay,schedule] [--calls 300] [--rounds 2]
+    python benchmarks/bench_ray.py [--only replay,schedule,per] [--calls 300] [--rounds 2] [--lags 0,15]
 
 * replay    per batch size (32 .. 1024 transitions of CartPole-v1's shapes): latency p50 / p99
             and throughput of
@@ -13,6 +13,10 @@
             and the ray insert throughput with 8 calls in flight (what several actors give).
 * schedule  DQN CartPole-v1 (preset replay ratio), `--steps` env steps, ray vs local, alternating
             rounds, each in a fresh process: env steps/s and training samples/s.
+* per       DQN CartPole-v1 with prioritised replay under the ray schedule (1 actor), one variant per
+            `--lags` value of priority_lag (0: exact PER, each batch drawn after the priorities of the
+            one before are written; 15: 8 batches per sample call and one call in flight), alternating
+            rounds, each in a fresh process: what exact PER costs the ray schedule.
 
 Writes benchmarks/results/bench_ray.json.  The machine is shared and noisy: compare ratios
 measured in one run.
@@ -127,14 +131,15 @@ import json, sys
 import hetrl
 spec = json.loads(sys.argv[1])
 run = hetrl.train("dqn", "CartPole-v1", steps=spec["steps"], seed=0, progress=False, evaluate_episodes=0, **spec["extra"])
-print(json.dumps({k: run.result.get(k) for k in ("env_steps_per_s", "train_samples_per_s", "train_samples_per_wall_s",
-                  "wall_s", "startup_s", "actors", "learner_busy_fraction", "actor_busy_fraction",
-                  "policy_staleness_mean", "replay_ratio_achieved")}))
+print(json.dumps({k: run.result.get(k) for k in ("env_steps_per_s", "env_steps_per_s_learning", "train_samples_per_s",
+                  "train_samples_per_wall_s", "wall_s", "startup_s", "actors", "learner_busy_fraction",
+                  "actor_busy_fraction", "policy_staleness_mean", "replay_ratio_achieved", "gradient_steps",
+                  "priority_lag_max")}))
 """
 
 
-def bench_schedule(steps: int, rounds: int) -> dict:
-    variants = {"local": {"schedule": "local"}, "ray": {"schedule": "ray"}}
+def alternate(variants: dict, steps: int, rounds: int) -> dict[str, list]:
+    """Each variant's settings in a fresh process per round, the order reversed every other round."""
     rows: dict[str, list] = {v: [] for v in variants}
     for r in range(rounds):
         for v in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
@@ -147,11 +152,32 @@ def bench_schedule(steps: int, rounds: int) -> dict:
             print(f"  round {r} {v:>5}: {res['env_steps_per_s']:7.0f} env steps/s, {res['train_samples_per_s']:7.0f} "
                   f"samples/s (learner busy {res['learner_busy_fraction']:.2f}, start-up {res['startup_s']:.1f} s)",
                   flush=True)
-    med = {v: {k: statistics.median(x[k] for x in rs) for k in ("env_steps_per_s", "train_samples_per_s")}
-           for v, rs in rows.items()}
+    return rows
+
+
+def medians(rows: dict[str, list]) -> dict:
+    keys = ("env_steps_per_s", "env_steps_per_s_learning", "train_samples_per_s", "train_samples_per_wall_s")
+    return {v: {k: statistics.median(x[k] or 0.0 for x in rs) for k in keys} for v, rs in rows.items()}
+
+
+def bench_schedule(steps: int, rounds: int) -> dict:
+    rows = alternate({"local": {"schedule": "local"}, "ray": {"schedule": "ray"}}, steps, rounds)
+    med = medians(rows)
     ratio = med["ray"]["env_steps_per_s"] / med["local"]["env_steps_per_s"]
     print(f"==> ray / local env steps/s {ratio:.2f}x (medians)")
     return {"steps": steps, "rounds": rows, "median": med, "ray_vs_local": ratio}
+
+
+def bench_per(steps: int, rounds: int, lags: list[int]) -> dict:
+    variants = {f"priority_lag={lag}": {"schedule": "ray", "actors": 1, "prioritized": True, "priority_lag": lag}
+                for lag in lags}
+    rows = alternate(variants, steps, rounds)
+    med = medians(rows)
+    base = med[f"priority_lag={lags[0]}"]["env_steps_per_s_learning"]
+    for v, m in med.items():
+        print(f"==> {v}: {m['env_steps_per_s_learning']:.0f} env steps/s while learning "
+              f"({m['env_steps_per_s_learning'] / base:.2f}x {list(med)[0]}; medians)")
+    return {"steps": steps, "rounds": rows, "median": med}
 
 
 def main() -> None:
@@ -160,6 +186,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lags", default="0,15", help="per: the priority_lag values compared")
     args = ap.parse_args()
     only = set(args.only.split(","))
     report = {"machine": {"cpus": os.cpu_count()}, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -169,6 +196,9 @@ def main() -> None:
     if "schedule" in only:
         print(f"DQN CartPole-v1, {args.steps} env steps, local vs ray schedule")
         report["schedule"] = bench_schedule(args.steps, args.rounds)
+    if "per" in only:
+        print(f"DQN CartPole-v1, prioritised replay, {args.steps} env steps, ray schedule, priority_lag {args.lags}")
+        report["per"] = bench_per(args.steps, args.rounds, [int(x) for x in args.lags.split(",")])
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "bench_ray.json"
     old = json.loads(path.read_text()) if path.exists() else {}

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_sb3.py [--rounds 3] [--first-round 0] [--libs hetrl,sb3,sbx] [--plan auto|none]
         [--cases dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000]
+    python benchmarks/bench_sb3.py --libs hetrl,sbx --rounds 3 --cases crossq:Pendulum-v1:20000
 
 Every library trains with the rl-zoo preset (hetrl/presets.yaml; benchmarks/sb3_preset.py builds the
 SB3/SBX model from it); each round runs the libraries in fresh subprocesses, in an order that
@@ -15,7 +16,8 @@ them for the CPU when it loads unless OPENBLAS_CORETYPE says otherwise: some mac
 Haswell, which leaves hetrl's compiled learner on AVX2 kernels while SBX's XLA and torch's MKL choose
 for themselves; run `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_sb3.py ...`
 to measure what a machine without that setting runs). Needs `pip install stable-baselines3` (make bench),
-`sbx-rl` for SBX. Compare ratios, not absolute figures: the machines here are shared and noisy.
+`sbx-rl` for SBX (CrossQ: SBX's; as lib sb3, SB3-Contrib's). Compare ratios, not absolute figures: the
+machines here are shared and noisy.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ if lib == "hetrl":
     run = hetrl.train(algo, env, steps=steps, plan=plan, progress=False, evaluate_episodes=0, **extra)
     r = run.result
     out = {"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
-           "schedule": run.cfg.schedule, "threads": run.cfg.threads, "compiled": run.cfg.compiled,
-           "fastpath": run.cfg.fastpath, "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
+           "schedule": run.cfg.schedule, "threads": run.cfg.threads, "learner_kernel": r.get("learner_kernel"),
+           "sgemm": r.get("sgemm"), "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
            "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}
 else:
     sys.path.insert(0, __BENCH_DIR__)

@@ -8,7 +8,7 @@ Usage:
 
 Each side runs in its own subprocess (JAX and torch/numba keep their thread pools to themselves), in
 alternating order, `--rounds` times; each prints ms per update over `--updates` calls after a warm-up.
-hetrl runs its learner on `--threads` threads (the compiled kernel: lanes, as the inline plan);
+hetrl runs its learner on `--threads` threads (the compiled phase: lanes of rows, as the inline plan);
 XLA uses the machine's cores as SBX does by default. Needs `pip install sbx-rl stable-baselines3`.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json, sys, time
 side, algo, env, n, threads, kernel = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 sys.path.insert(0, __BENCH_DIR__)
 from hetrl.config import make_config
-cfg = make_config(algo, env, {"learning_starts": 1000})
+cfg = make_config(algo, env, {"learning_starts": 1000, "learner_kernel": kernel})
 if side == "sbx":
     from sb3_preset import sb3_model
     model = sb3_model(cfg, env, lib="sbx", device="cpu")
@@ -35,15 +35,14 @@ if side == "sbx":
     step = lambda: model.train(gradient_steps=1, batch_size=cfg.batch_size)
 else:
     import gymnasium as gym
+    from hetrl import kernels
     from hetrl.algos import make_algorithm, replay_spec
-    from hetrl.kernels import kernel_class, synthetic_batch
     e = gym.make(env)
-    algo_ = make_algorithm(cfg, e.observation_space, e.action_space, "cpu")
-    k = kernel_class(kernel)(algo_)
-    k.use_threads(threads)   # (the compiled kernel: lanes of rows, torch on one thread)
-    batch, wts = synthetic_batch(replay_spec(cfg, e.observation_space, e.action_space), e.action_space,
-                                 cfg.batch_size, 1, "cpu")
-    step = lambda: k.learn(batch, wts)
+    learner = kernels.build(kernels.Choice(name=kernel), make_algorithm(cfg, e.observation_space, e.action_space, "cpu"))
+    learner.use_threads(threads)
+    batch, wts = kernels.synthetic_batch(replay_spec(cfg, e.observation_space, e.action_space), e.action_space,
+                                         cfg.batch_size, 1, "cpu")
+    step = lambda: learner.learn(batch, wts)
 for _ in range(30):
     step()
 t = time.perf_counter()

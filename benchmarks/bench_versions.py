@@ -1,7 +1,7 @@
 """hetrl against an earlier hetrl (or a setting against another), alternating in one run.
 
     python benchmarks/bench_versions.py --variant before=/path/to/old/checkout \
-        --variant after=.:fastpath=true --variant public=.:fastpath=false [--rounds 2]
+        --variant after=.:learner_kernel=compiled --variant public=.:learner_kernel=public [--rounds 2]
 
 Each variant is NAME=CHECKOUT[:key=value,...]: the hetrl source tree to import (PYTHONPATH) and
 settings added to the presets. Every round runs each workload under each variant in fresh

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/fetch_gpu_wheels.sh
 #
-# Such a machine (Python 3.12, torch 2.11 CUDA, numpy, numba, rich, tensorboard, matplotlib, pyyaml,
+# Such a machine (Python 3.12, torch 2.11 CUDA, numpy, numba, scipy, rich, tensorboard, matplotlib, pyyaml,
 # pytest, pytest-timeout, cloudpickle, pandas, nvidia-ml-py, no network) lacks gymnasium, ale-py,
 # ray and stable-baselines3. hetrl runs there from the tree (PYTHONPATH), not pip-installed: its
 # pinned dependencies would not resolve offline. Versions are our venv's where it has the package.
@@ -14,8 +14,10 @@
 #   .whl/cp311/  cp311 builds of the compiled ones, only to rehearse the install on this Python 3.11
 #                machine (docs/gpu.md); `.whl/*.whl` does not pick them up.
 # Not fetched: pandas (SB3 imports it only in its plotting / monitor-reading helpers), matplotlib,
-# torch, numpy (there), typing-extensions and cloudpickle are fetched although the device has them
-# (tiny; gymnasium needs typing-extensions >= 4.12, the device's version is unknown).
+# torch, numpy, numba, scipy (there), typing-extensions and cloudpickle are fetched although the device
+# has them (tiny; gymnasium needs typing-extensions >= 4.12, the device's version is unknown), and so is
+# threadpoolctl (tiny; the compiled CPU kernel sets its BLAS threads with it, and the device's package
+# list does not name it).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PYTHON:-.venv/bin/python}
@@ -33,6 +35,7 @@ PURE=("gymnasium==$(ver gymnasium 1.4.0)"
       "farama-notifications==$(ver farama-notifications 0.0.6)"
       "cloudpickle==$(ver cloudpickle 3.1.2)"
       "typing-extensions==$(ver typing-extensions 4.16.0)"
+      "threadpoolctl==$(ver threadpoolctl 3.8.0)"
       "stable-baselines3==$(ver stable-baselines3 2.9.2)")
 COMPILED=("ale-py==$(ver ale-py 0.12.1)")
 

@@ -1,35 +1,48 @@
 #!/usr/bin/env python
-"""The GPU check: hetrl's CUDA paths, learner speed, planner and peers on a GPU machine, in one command.
+"""The GPU check: hetrl's CUDA paths, learner kernels, populations, planner and peers on a GPU machine.
 
-    python benchmarks/gpu_check.py [--quick] [--out DIR] [--stages a,b,c,d,e,f] [--max-s S]
+    python benchmarks/gpu_check.py [--quick] [--out DIR] [--stages a,b,c,k,g,d] [--max-s S]
     python benchmarks/gpu_check.py --merge A/gpu_check.json B/gpu_check.json [--out DIR]
 
-Stages (letters or names), each in its own process group under a wall budget; a stage that
-fails, runs out of time or lacks its imports is recorded with the reason, and the rest go on:
+Stages (letters or names), run in this order, each in its own process group under a wall budget; a
+stage that fails, runs out of time or lacks its imports is recorded with the reason, and the rest go on:
 
-  a env      torch and CUDA versions, the GPU, CPU count, which packages import
-  b tests    `pytest -m gpu -q` (the tests marked gpu): pass / fail / skip counts and the tail
-  c learner  updates/s of the learner alone: DQN CartPole-v1, DDPG / TD3 / SAC Pendulum-v1 and the
-             CNN learner of DQN ALE/Breakout-v5 at their presets, timed as the planner profiles it (hetrl.planner.profile.learn_timing on
-             synthetic_batch): CPU 1 thread, CUDA eager, CUDA with the update captured in a CUDA
-             graph (torch.cuda.graph on the existing algorithm object) and torch.compile
-             (mode="reduce-overhead"); both checked against the eager update
-  d planner  `hetrl profile` + `hetrl plan` (also pinned to cuda and to cpu) for DQN CartPole-v1 and
-             DDPG Pendulum-v1, then `hetrl train` under the default plan (DQN 20k env steps, DDPG 5k
-             with learning_starts 1000): measured vs predicted env steps/s, evaluation returns
-  e sb3      Stable-Baselines3 vs hetrl (inline), DQN CartPole-v1 preset, 20k env steps, on cuda and
-             on cpu (benchmarks/sb3_preset.py builds the SB3 model)
-  f sweep    local schedule on bench_local's HeavyCartPole-v1 (+0.2 ms CPU per step), actors
-             1, 2, 4, 8, 15: env steps/s without the rate limiter and at the preset's replay ratio
+  a env         torch and CUDA versions, the GPU, CPU count, which packages import
+  b tests       `pytest -m gpu` (the tests marked gpu): pass / fail / skip counts and the tail
+  c learner     updates/s of the learner alone: DQN CartPole-v1, DDPG / TD3 / SAC Pendulum-v1, the
+                Nature CNN of DQN ALE/Breakout-v5 (with ale-py) and CrossQ Pendulum-v1 (where crossq is
+                registered), at their presets, on synthetic batches, timed as the planner profiles
+                (hetrl.planner.profile.learn_timing): CPU 1 thread public kernel, CPU compiled kernel,
+                CUDA eager (the public kernel on cuda), CUDA graph (hetrl.kernels.cuda_graph.CudaGraphKernel);
+                each kernel but public checked equal to it first (hetrl.kernels.check_equal); last, in a
+                process per case, torch.compile(mode="reduce-overhead") as a peer, checked the same way
+  k kernels     hetrl.kernels.select on cuda and on cpu for each case at the run's phase length: the
+                kernel chosen, the timings, what was dropped (differs) or declined, and why
+  g population  hetrl.train("dqn", "CartPole-v1", seeds=N) on cuda with learner_kernel=cuda_graph for
+                N = 1, 8, 64 (the members' phases replayed from one CUDA graph) and with the public
+                kernel for N = 1, 8, the same env steps per member: wall, wall(N) / wall(1), env steps/s,
+                where the time goes (learner, capture, acting, replay)
+  d planner     `hetrl profile` + `hetrl plan` (default, pinned to cuda, pinned to cpu) for DQN
+                CartPole-v1: the plans and their learner line (the kernels.Choice); `hetrl train`
+                under the default plan where the budget leaves time
+  e sb3         Stable-Baselines3 vs hetrl (inline), DQN CartPole-v1 preset, 20k env steps, on cuda and
+                on cpu (benchmarks/sb3_preset.py builds the SB3 model)
+  f sweep       local schedule on bench_local's HeavyCartPole-v1 (+0.2 ms CPU per step), actors
+                1, 2, 4, 8, 15: env steps/s without the rate limiter and at the preset's replay ratio
+
+The default stages (a,b,c,k,g,d) are the one call docs/gpu.md runs on a GPU machine with --max-s 480;
+the budgets (STAGES) of a, b, c, k and g fit in it, d takes what they leave. The compiled CPU kernel
+is numba code that compiles for about a minute per algorithm on a fresh machine: while stages a and
+b run, it is compiled into numba's on-disk cache by background processes (one per algorithm), which
+stages c and k wait for (each only as long as its budget allows).
 
 --quick makes every workload about 10x smaller (env steps, timing caps, a quick profile grid) to
-smoke-test the script on a CPU-only machine, where what needs CUDA records "skipped: no CUDA". The
-wall budgets (BUDGETS_S) stay; --max-s bounds the whole invocation (each stage gets at most what
-is left). Writes, in DIR (--out, else $OUT, else benchmarks/results/gpu_check): gpu_check.json
-(everything), gpu_check.txt (the summary), gpu_check_learner.png, gpu_check_sweep.png and
-gpu_check_logs.txt (the stages' output); run directories, logs and the profile cache go to a
-scratch folder (--work). An existing gpu_check.json in DIR is merged: stages not run now are kept.
-See docs/gpu.md for running it all in two parts on an offline GPU machine.
+smoke-test the script on a CPU-only machine, where what needs CUDA records "skipped: no CUDA"; the
+wall budgets triple there. --max-s bounds the whole invocation (each stage gets at most what is left).
+Writes, in DIR (--out, else $OUT, else benchmarks/results/gpu_check): gpu_check.json (everything),
+gpu_check.txt (the summary), gpu_check_learner.png, gpu_check_sweep.png and gpu_check_logs.txt (the
+stages' output); run directories, logs and the profile cache go to a scratch folder (--work). An
+existing gpu_check.json in DIR is merged: stages not run now are kept.
 """
 
 from __future__ import annotations
@@ -50,22 +63,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-SCHEMA = "hetrl-gpu-check/1"
+SCHEMA = "hetrl-gpu-check/2"
 
-# (letter, name, wall budget in seconds on the GPU machine); the two parts of docs/gpu.md
-# run a,b,c,e (540 s) and a,d,f (540 s)
-STAGES = [("a", "env", 30), ("b", "tests", 120), ("c", "learner", 240), ("d", "planner", 300),
-          ("e", "sb3", 150), ("f", "sweep", 210)]
+# (letter, name, wall budget in seconds on the GPU machine), in the order they run. The default call
+# (DEFAULT_STAGES, --max-s 480) fits a, b, c, k and g (470 s of budgets); d runs in what they leave.
+STAGES = [("a", "env", 15), ("b", "tests", 55), ("c", "learner", 130), ("k", "kernels", 45),
+          ("g", "population", 225), ("d", "planner", 120), ("e", "sb3", 150), ("f", "sweep", 210)]
+DEFAULT_STAGES = "a,b,c,k,g,d"
 BUDGETS_S = {name: s for _, name, s in STAGES}
+QUICK_BUDGET_FACTOR = 3   # --quick rehearses on a CPU machine, whose imports and CPU work are slower than the GPU host's
 LEARNER_CASES = [("dqn", "CartPole-v1"), ("ddpg", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("sac", "Pendulum-v1"),
-                 ("dqn", "ALE/Breakout-v5")]   # the Nature CNN learner on 4 x 84 x 84 frames (needs ale-py)
-PLAN_CASES = [("dqn", "CartPole-v1", 20_000, {}), ("ddpg", "Pendulum-v1", 5_000, {"learning_starts": 1000})]
+                 ("dqn", "ALE/Breakout-v5"),   # the Nature CNN learner on 4 x 84 x 84 frames (needs ale-py)
+                 ("crossq", "Pendulum-v1")]    # where an algorithm named crossq is registered
+# numba's compile of the compiled kernel, per algorithm (TD3's phase is DDPG's); done in the background
+WARM_UP = {"dqn": "dqn", "ddpg": "ddpg", "td3": "ddpg", "sac": "sac", "crossq": "crossq"}
+POP_STEPS = 10_240     # env steps per member: 40 of DQN CartPole's 256-step phases, none cut short
+POP_STEPS_QUICK = 1_536
+# in this order: the public N=1 before the costly N=64, the public N=8 last (skipped when ~8 x N=1 does not fit)
+POP_RUNS = [("cuda_graph", 1), ("cuda_graph", 8), ("public", 1), ("cuda_graph", 64), ("public", 8)]
+PLAN_CASES = [("dqn", "CartPole-v1", 20_000, {})]
 SB3_STEPS = 20_000
 SWEEP_ACTORS = (1, 2, 4, 8, 15)
 SWEEP_STEPS = 20_000
 SWEEP_ENV = "benchmarks.bench_local:HeavyCartPole-v1"
-PACKAGES = ["hetrl", "numpy", "numba", "gymnasium", "stable_baselines3", "ale_py", "ray", "rich", "tensorboard",
-            "matplotlib", "yaml", "pytest", "pytest_timeout", "pynvml", "triton", "cloudpickle", "pandas"]
+PACKAGES = ["hetrl", "numpy", "numba", "scipy", "threadpoolctl", "gymnasium", "stable_baselines3", "ale_py", "ray",
+            "rich", "tensorboard", "matplotlib", "yaml", "pytest", "pytest_timeout", "pynvml", "triton",
+            "cloudpickle", "pandas"]
 
 
 class Skip(Exception):
@@ -157,6 +180,21 @@ def _kill_group(p: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
+def _last_json(text: str):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def _error(e: BaseException) -> dict:
+    return {"error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-1500:]}
+
+
 # --- stage a: environment -------------------------------------------------------------------------
 def stage_env(ctx: dict, rec: Rec) -> None:
     import importlib
@@ -226,28 +264,7 @@ def stage_tests(ctx: dict, rec: Rec) -> None:
         rec["note"] = "skipped: no CUDA (the gpu tests skip themselves)"
 
 
-# --- stage c: the learner alone --------------------------------------------------------------------------
-class CompiledLearn:
-    """torch.compile(algo.learn, mode="reduce-overhead") on the existing object (CUDA graphs by inductor)."""
-
-    def __init__(self, algo):
-        import torch
-
-        self.algo = algo
-        self.fn = torch.compile(algo.learn, mode="reduce-overhead")
-
-    def learn(self, batch, wts):
-        return self.fn(batch, wts)
-
-
-def _params(algo) -> list:
-    return [p.detach() for name in type(algo).nets for p in getattr(algo, name).parameters()]
-
-
-def _max_diff(a: list, b: list) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a, b)) if a else 0.0
-
-
+# --- the learner cases (stages c and k) ------------------------------------------------------------------
 def atari_spaces(env: str, cfg):
     """The spaces of an Atari id after hetrl's preprocessing (grayscale square frames, stacked), without
     OpenCV, which the GPU machine lacks (its wheel is larger than what travels there): the learner is
@@ -261,192 +278,299 @@ def atari_spaces(env: str, cfg):
     return gym.spaces.Box(0, 255, (cfg.frame_stack, n, n), np.uint8), gym.make(env).action_space
 
 
-def stage_learner(ctx: dict, rec: Rec) -> None:
-    require("gymnasium")
-    import warnings
-    from dataclasses import replace
+class Case:
+    """One learner of stage c / k: its preset config, spaces, replay fields, the run's phase length K (gradient
+    steps per learn call) and the CUDA graph's period (a captured phase is a multiple of it)."""
 
-    import torch
+    def __init__(self, algo: str, env: str):
+        import torch
 
-    from hetrl.actors import probe_spaces
-    from hetrl.actors.envs import prepare_env
-    from hetrl.algos import fastpath, make_algorithm, replay_spec
-    from hetrl.config import atari_id, make_config
-    from hetrl.errors import UsageError
-    from hetrl.planner.profile import learn_timing, synthetic_batch
-    from hetrl.runtime.layout import grads_per_phase, group_size
+        from hetrl import registry
+        from hetrl.actors import probe_spaces
+        from hetrl.actors.envs import prepare_env
+        from hetrl.algos import make_algorithm, replay_spec
+        from hetrl.config import atari_id, make_config
+        from hetrl.errors import UsageError
+        from hetrl.runtime.layout import grads_per_phase, group_size
 
-    warnings.filterwarnings("ignore", message=".*capturable=True.*")
-    quick, cuda = ctx["quick"], torch.cuda.is_available()
-    cap = 0.2 if quick else 2.0   # run_profile's cap_s (quick: its quick settings)
-    mkw = {"min_rounds": 4, "window": 3, "min_round_s": 0.003} if quick else {}
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    rec["how"] = ("seconds per gradient step of algo.learn on a synthetic batch at the preset's batch size, "
-                  "hetrl.planner.profile.learn_timing (CPU: CPU time of the process, 1 thread; CUDA: wall time, "
-                  f"synchronize per round), cap {cap} s per figure; k = gradient steps per learn call")
-    rec["cuda"] = cuda
-    rec["cases"] = {}
-    rec.save()
-    compile_queue = []
-
-    for algo_name, env in LEARNER_CASES:
+        if algo not in registry.names():
+            raise Skip(f"no algorithm named {algo} is registered here")
         if atari_id(env) and importlib.util.find_spec("ale_py") is None:
-            rec["cases"][f"{algo_name} {env}"] = {"skipped": "ale-py is not installed", "variants": {}}
-            continue
-        cfg = make_config(algo_name, env, {"fastpath": False})
+            raise Skip("ale-py is not installed")
+        self.algo, self.env = algo, env
+        self.cfg = cfg = make_config(algo, env, {})
         try:
-            obs_space, act_space = probe_spaces(prepare_env(env, cfg))   # Atari: the preprocessed, stacked frames
+            self.obs, self.act = probe_spaces(prepare_env(env, cfg))   # Atari: the preprocessed, stacked frames
         except UsageError:
             if not atari_id(env):
                 raise
-            obs_space, act_space = atari_spaces(env, cfg)   # no OpenCV there: the shapes are all the learner needs
-        spec = replay_spec(obs_space, act_space)
-        B = cfg.batch_size
-        K = group_size(grads_per_phase(cfg), cfg.prioritized)   # local schedule's steps per learn call
-        kg = cfg.policy_delay if algo_name == "td3" else 1   # steps per captured call (hetrl/algos/graphed.py: applies)
-        case = rec["cases"][f"{algo_name} {env}"] = {"batch_size": B, "net_arch": list(cfg.net_arch), "group_k": K,
-                                                     "variants": {}}
-        V = case["variants"]
+            self.obs, self.act = atari_spaces(env, cfg)   # no OpenCV there: the shapes are all the learner needs
+        self.spec = replay_spec(cfg, self.obs, self.act)
+        self.B = cfg.batch_size
+        self.K = group_size(grads_per_phase(cfg), cfg.prioritized)
+        self._make = make_algorithm
+        torch.manual_seed(0)
+        self.probe = make_algorithm(cfg, self.obs, self.act, "cpu")
+        self.period = int(self.probe.graph_period()) if hasattr(self.probe, "graph_period") else 1
 
-        def build(dev: str, fast: bool = False, seed: int = 0, cfg=cfg, obs_space=obs_space, act_space=act_space):
-            torch.manual_seed(seed)
-            return make_algorithm(replace(cfg, fastpath=fast), obs_space, act_space, dev)
+    def maker(self, dev: str):
+        return lambda: self._make(self.cfg, self.obs, self.act, dev)
 
-        def timed(name: str, dev: str, k: int, fast: bool = False, wrap=None, check=None) -> None:
+    def describe(self) -> dict:
+        return {"batch_size": self.B, "net_arch": list(getattr(self.cfg, "net_arch", [])), "phase_k": self.K,
+                "graph_period": self.period}
+
+    def phases(self, dev: str, k: int, n: int = 2) -> tuple[list, object]:
+        """`n` synthetic phases of k steps (as kernels.select draws them) and their weights."""
+        import torch
+
+        from hetrl.kernels import synthetic_batch
+
+        g = torch.Generator().manual_seed(0)
+        return ([synthetic_batch(self.spec, self.act, self.B, k, dev, g)[0] for _ in range(n)],
+                torch.ones(k, self.B, device=dev))
+
+
+def case_list() -> list[tuple[str, str, Case | dict]]:
+    """(algo, env, the Case, or a record saying why it is skipped or failed) for every learner case."""
+    out = []
+    for algo, env in LEARNER_CASES:
+        try:
+            out.append((algo, env, Case(algo, env)))
+        except Skip as e:
+            out.append((algo, env, {"skipped": str(e)}))
+        except Exception as e:  # noqa: BLE001 (one case that cannot be built leaves the others)
+            out.append((algo, env, _error(e)))
+            print(f"{algo} {env}: {traceback.format_exc()}", flush=True)
+    return out
+
+
+def warm_marker(work: str | Path, name: str) -> Path:
+    return Path(work) / f"numba_warm_{name}.json"
+
+
+def wait_warm(ctx: dict, algo: str, reserve_s: float) -> str | None:
+    """Wait (while the stage's budget leaves `reserve_s`) for the background compile of `algo`'s compiled
+    kernel; None when it is in numba's cache, else why not."""
+    name = WARM_UP.get(algo)
+    if name not in (ctx.get("warm_up") or []):
+        return None   # no background compile for it: the kernel compiles where it is built
+    path = warm_marker(ctx["work"], name)
+    t = time.time()
+    while not path.exists() and left(ctx) > reserve_s:
+        time.sleep(0.5)
+    if not path.exists():
+        return f"numba's compile of the {name} kernel did not finish within the stage budget"
+    if time.time() - t > 1:
+        print(f"waited {time.time() - t:.0f} s for numba's compile of the {name} kernel", flush=True)
+    got = json.loads(path.read_text())
+    return got.get("error")
+
+
+def _check(case: Case, cls, dev: str, k: int) -> dict:
+    from hetrl.kernels import check_equal
+
+    phases, w = case.phases(dev, k)
+    t = time.perf_counter()
+    ok, detail = check_equal(case.maker(dev), cls, phases, w, seed=0)
+    return {"ok": ok, **detail, "wall_s": round(time.perf_counter() - t, 2)}
+
+
+# --- stage c: the learner alone --------------------------------------------------------------------------
+def stage_learner(ctx: dict, rec: Rec) -> None:
+    require("gymnasium")
+    import warnings
+
+    import torch
+
+    from hetrl.kernels import kernel_class, synthetic_batch
+    from hetrl.planner.profile import learn_timing
+
+    warnings.filterwarnings("ignore", message=".*capturable=True.*")
+    quick, cuda = ctx["quick"], torch.cuda.is_available()
+    cap = 0.2 if quick else 1.0   # seconds per figure (quick: run_profile's quick settings)
+    mkw = {"min_rounds": 4, "window": 3, "min_round_s": 0.003} if quick else {}
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    rec["how"] = ("seconds per gradient step of a kernel's learn on synthetic batches at the preset's batch size, "
+                  "hetrl.planner.profile.learn_timing (CPU: CPU time of the process, 1 thread; CUDA: wall time, "
+                  f"synchronize per round), cap {cap} s per figure; k = gradient steps per learn call (K: the run's "
+                  "phase length); each kernel but public checked equal to public first (hetrl.kernels.check_equal, "
+                  "2 phases of k steps, the same random draws): ok, tolerance_used (<= 1 is within tolerance), worst")
+    rec["cuda"] = cuda
+    rec["cases"] = {}
+    rec.save()
+    deferred = []   # the compiled CPU kernel waits for numba's background compile: after every GPU figure
+    reserve = 5 if quick else 12
+
+    for algo, env, case in case_list():
+        key = f"{algo} {env}"
+        if isinstance(case, dict):
+            rec["cases"][key] = {**case, "variants": {}}
+            rec.save()
+            continue
+        rec["cases"][key] = {**case.describe(), "variants": {}}
+        V = rec["cases"][key]["variants"]
+
+        def timed(name: str, dev: str, k: int, kernel: str, case=case, V=V, algo=algo) -> None:
             if dev != "cpu" and not cuda:
                 V[name] = {"skipped": "no CUDA"}
                 return
-            if fast and not (fastpath.available() and algo_name in ("dqn", "ddpg")):
-                V[name] = {"skipped": "no fast path for this algorithm / torch"}
-                return
-            if left(ctx) < (5 if quick else 15):
+            if left(ctx) < reserve:
                 V[name] = {"skipped": "stage budget spent"}
                 return
             try:
-                torch.manual_seed(1)
-                batch, wts = synthetic_batch(spec, act_space, B, k, dev)
-                algo = build(dev, fast)
-                if fast and getattr(algo, "fast", None) is None:   # e.g. a CNN: the public path, timed already
-                    V[name] = {"skipped": "the fast path declines this network"}
+                cls = kernel_class(kernel)
+                torch.manual_seed(0)
+                algo_obj = case.maker(dev)()
+                why = cls.check(algo_obj) if kernel != "public" else None
+                if why:
+                    V[name] = {"skipped": why}
                     return
+                entry = {"device": dev, "k": k, "kernel": kernel}
+                if kernel != "public":
+                    entry["check"] = _check(case, cls, dev, k)
+                kern = cls(algo_obj)
+                kern.use_threads(1)
+                torch.manual_seed(1)
+                batch, wts = synthetic_batch(case.spec, case.act, case.B, k, dev)
                 t0 = time.perf_counter()
-                runner = wrap(algo, batch, wts) if wrap else algo
-                setup_s = time.perf_counter() - t0
-                checked = check(runner, batch, wts, dev, fast) if check else None   # before timing moves it on
-                t = learn_timing(runner, batch, wts, dev, k, cap_s=cap, **mkw)
-                V[name] = {"device": dev, "k": k, "fastpath": fast, "s_per_update": t.s,
-                           "updates_per_s": 1.0 / t.s if t.s > 0 else None, "spread": round(t.spread, 4),
-                           "stable": t.stable, "rounds": t.rounds}
-                if wrap:
-                    V[name]["setup_s"] = round(setup_s, 3)
-                if checked is not None:
-                    V[name]["check"] = checked
-                print(f"{algo_name} {name}: {V[name]['updates_per_s']:,.0f} updates/s"
-                      + (f", check {checked}" if checked else ""), flush=True)
+                kern.prepare(batch, wts)
+                entry["prepare_s"] = round(time.perf_counter() - t0, 3)
+                t = learn_timing(kern, batch, wts, dev, k, cap_s=cap, **mkw)
+                entry.update(s_per_update=t.s, updates_per_s=1.0 / t.s if t.s > 0 else None,
+                             spread=round(t.spread, 4), stable=t.stable, rounds=t.rounds,
+                             compile_s=round(kern.compile_s, 3), **kern.figures())
+                if kernel == "cuda_graph":
+                    entry["captured"] = bool(kern.graphs)   # False: this k is no multiple of the graph period
+                kern.close()
+                V[name] = entry
+                chk = entry.get("check")
+                print(f"{algo} {name}: {entry['updates_per_s']:,.0f} updates/s"
+                      + (f", check {'ok' if chk['ok'] else 'DIFFERS'} ({chk['tolerance_used']}, {chk['worst']})"
+                         if chk else ""), flush=True)
             except Exception as e:  # noqa: BLE001
-                V[name] = {"error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-1500:]}
-                print(f"{algo_name} {name}: {traceback.format_exc()}", flush=True)
+                V[name] = _error(e)
+                print(f"{algo} {name}: {traceback.format_exc()}", flush=True)
             rec.save()
 
-        def against_eager(runner, batch, wts, dev, fast, warmup=1) -> dict:
-            """The captured update vs the eager one from the same start: a second object built with
-            the same seed takes the update the first replay took, then one more step each, the
-            random draws (TD3's smoothing noise, SAC's sampling) from the same generator state."""
-            ref = build(dev, fast)
-            torch.manual_seed(1)
-            for _ in range(warmup):
-                ref.learn(batch, wts)
-            torch.manual_seed(7)
-            want = ref.learn(batch, wts)
-            torch.manual_seed(7)
-            got = runner.learn(batch, wts)
-            torch.cuda.synchronize()
-            d_td, d_p = float((want - got).abs().max()), _max_diff(_params(ref), _params(runner.algo))
-            scale = max(1e-6, float(want.abs().max()))
-            ok = d_td <= 1e-4 * scale + 1e-5 and d_p <= 1e-5
-            return {"match": ok, "max_abs_diff_td": d_td, "max_abs_diff_params": d_p,
-                    "note": "" if ok or algo_name in ("dqn", "ddpg") else "random draws may differ under capture"}
-
-        def graphed(algo, batch, wts):   # hetrl's own (the learner core's cuda_graph=true)
-            from hetrl.algos.graphed import GraphedLearner
-
-            torch.manual_seed(1)
-            runner = GraphedLearner(algo)
-            runner.learn(batch, wts)    # the capture (state restored after it), then its replay: one update
-            return runner
-
-        timed("cpu_1t", "cpu", 1)
-        timed("cpu_1t_fastpath", "cpu", 1, fast=True)
+        K, P = case.K, case.period
+        timed("cpu_public", "cpu", 1, "public")
         if K > 1:
-            timed(f"cpu_1t_k{K}", "cpu", K)
-        timed("cuda_eager", "cuda", 1)
-        timed("cuda_eager_fastpath", "cuda", 1, fast=True)   # the planner gives a CUDA learner the CPU's choice
+            timed(f"cpu_public_k{K}", "cpu", K, "public")
+        timed("cuda_eager", "cuda", 1, "public")
         if K > 1:
-            timed(f"cuda_eager_k{K}", "cuda", K)
-        timed("cuda_graph" if kg == 1 else f"cuda_graph_k{kg}", "cuda", kg, wrap=graphed, check=against_eager)
-        if K > 1:
-            timed(f"cuda_graph_k{K}", "cuda", K, wrap=graphed, check=against_eager)
-        compile_queue.append((case, build, spec, act_space, B, kg, algo_name))
+            timed(f"cuda_eager_k{K}", "cuda", K, "public")
+        timed("cuda_graph" if P == 1 else f"cuda_graph_k{P}", "cuda", P, "cuda_graph")
+        if K > 1 and K != P:
+            timed(f"cuda_graph_k{K}", "cuda", K, "cuda_graph")
+        deferred.append((algo, case, V, timed))
 
-    # torch.compile last: it can take minutes; each algorithm only while the budget lasts
-    for case, build, spec, act_space, B, kg, algo_name in compile_queue:
-        name = "cuda_compile" if kg == 1 else f"cuda_compile_k{kg}"
-        V = case["variants"]
+    # the compiled CPU kernel: once numba's background compile of it is in the cache
+    for algo, case, V, timed in deferred:
+        why = kernel_class("compiled").check(case.probe)
+        if why:
+            V["cpu_compiled"] = {"skipped": why}
+            continue
+        why = wait_warm(ctx, algo, reserve + 5)
+        if why:
+            V["cpu_compiled"] = {"skipped": why}
+            continue
+        timed("cpu_compiled", "cpu", 1, "compiled")
+        if case.K > 1:
+            timed(f"cpu_compiled_k{case.K}", "cpu", case.K, "compiled")
+    rec.save()
+
+    # torch.compile last, a process per case: a CUDA error it leaves behind cannot spoil another figure
+    for algo, case, V, timed in deferred:
+        name = "cuda_compile" if case.period == 1 else f"cuda_compile_k{case.period}"
         if not cuda:
             V[name] = {"skipped": "no CUDA"}
             continue
-        if left(ctx) < 60:
-            V[name] = {"skipped": "stage budget spent (torch.compile needs a minute or more)"}
+        if left(ctx) < 30:
+            V[name] = {"skipped": "stage budget spent (torch.compile needs half a minute or more)"}
             continue
-        try:
-            torch.manual_seed(1)
-            batch, wts = synthetic_batch(spec, act_space, B, kg, "cuda")
-            try:  # per algorithm: dynamo's counters are global (private API; informative only)
-                from torch._dynamo.utils import counters
-
-                counters.clear()
-            except Exception:  # noqa: BLE001
-                pass
-            algo = build("cuda")
-            runner = CompiledLearn(algo)
-            t0 = time.perf_counter()
-            torch.manual_seed(1)
-            for _ in range(3):          # compile, then cudagraph-tree warm-up and recording
-                runner.learn(batch, wts)
-            torch.cuda.synchronize()
-            compile_s = time.perf_counter() - t0
-            ref = build("cuda")
-            torch.manual_seed(1)
-            for _ in range(3):
-                ref.learn(batch, wts)
-            torch.cuda.synchronize()
-            d_p = _max_diff(_params(ref), _params(algo))
-            t = learn_timing(runner, batch, wts, "cuda", kg, cap_s=cap, **mkw)
-            V[name] = {"device": "cuda", "k": kg, "s_per_update": t.s, "updates_per_s": 1.0 / t.s if t.s > 0 else None,
-                       "spread": round(t.spread, 4), "stable": t.stable, "compile_s": round(compile_s, 2),
-                       "check": {"max_abs_diff_params_after_3_calls": d_p, "match": d_p <= 1e-4,
-                                 "note": "inductor may reorder float sums; TD3/SAC draw other random numbers"}}
-            try:  # how often dynamo split or recompiled (private counters; informative only)
-                from torch._dynamo.utils import counters
-
-                V[name]["graph_breaks"] = int(sum(counters["graph_break"].values()))
-                V[name]["unique_graphs"] = int(counters["stats"].get("unique_graphs", 0))
-                V[name]["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
-            except Exception:  # noqa: BLE001
-                pass
-            print(f"{algo_name} {name}: {V[name]}", flush=True)
-        except Exception as e:  # noqa: BLE001
-            V[name] = {"error": f"compile_failed: {type(e).__name__}: {e}"[:500],
-                       "traceback": traceback.format_exc()[-1500:]}
-            print(f"{algo_name} {name}: {traceback.format_exc()}", flush=True)
+        spec = {"algo": algo, "env": case.env, "k": case.period, "cap": cap, "mkw": mkw}
+        r = run_cmd([sys.executable, str(Path(__file__).resolve()), "--_compile", json.dumps(spec)],
+                    min(90.0, left(ctx) - 5), label=f"torch.compile {algo} {case.env}")
+        got = _last_json(r["stdout"])
+        if got is None:
+            got = {"error": f"compile_failed: rc {r['rc']}" + (" (killed at its timeout)" if r["timed_out"] else ""),
+                   "stderr_tail": (r["stderr"] or r["stdout"])[-1500:]}
+        got["process_wall_s"] = r["wall_s"]
+        V[name] = got
+        print(f"{algo} {name}: {got}", flush=True)
         rec.save()
-    rec.save()
     try:
         plot_learner(rec, Path(ctx["out"]) / "gpu_check_learner.png")
         rec["plot"] = "gpu_check_learner.png"
     except Exception as e:  # noqa: BLE001
         rec["plot_error"] = f"{type(e).__name__}: {e}"
+
+
+def compile_child(spec: dict) -> int:
+    """One case's torch.compile(algo.learn, mode="reduce-overhead") on cuda, in its own process: checked equal
+    to the public kernel as the kernels are (kernels.check_equal), then timed; one JSON line."""
+    out: dict = {"device": "cuda", "k": spec["k"], "kernel": "torch.compile(reduce-overhead)"}
+    try:
+        import warnings
+
+        import torch
+
+        from hetrl.kernels import Kernel, synthetic_batch
+        from hetrl.planner.profile import learn_timing
+
+        warnings.filterwarnings("ignore", message=".*capturable=True.*")
+        case = Case(spec["algo"], spec["env"])
+
+        class TorchCompileKernel(Kernel):
+            """algo.learn under torch.compile (inductor's CUDA graphs); the twin check_equal builds is kept."""
+
+            name = "torch_compile"
+            last = None
+
+            def __init__(self, algo, **options):
+                super().__init__(algo)
+                self.fn = torch.compile(algo.learn, mode="reduce-overhead")
+                self.calls = 0
+                TorchCompileKernel.last = self
+
+            def learn(self, batches, weights):
+                t = time.perf_counter()
+                td = self.fn(batches, weights)
+                if self.calls < 3:   # compile, then the CUDA-graph trees' warm-up and recording
+                    torch.cuda.synchronize()
+                    self.compile_s += time.perf_counter() - t
+                self.calls += 1
+                return td
+
+        try:  # dynamo's counters (private API; informative only)
+            from torch._dynamo.utils import counters
+
+            counters.clear()
+        except Exception:  # noqa: BLE001
+            counters = None
+        k = spec["k"]
+        out["check"] = _check(case, TorchCompileKernel, "cuda", k)
+        kern = TorchCompileKernel.last
+        out["compile_s"] = round(kern.compile_s, 2)
+        torch.manual_seed(1)
+        batch, wts = synthetic_batch(case.spec, case.act, case.B, k, "cuda")
+        t = learn_timing(kern, batch, wts, "cuda", k, cap_s=spec["cap"], **spec["mkw"])
+        out.update(s_per_update=t.s, updates_per_s=1.0 / t.s if t.s > 0 else None, spread=round(t.spread, 4),
+                   stable=t.stable, rounds=t.rounds)
+        if counters is not None:
+            try:
+                out["graph_breaks"] = int(sum(counters["graph_break"].values()))
+                out["unique_graphs"] = int(counters["stats"].get("unique_graphs", 0))
+                out["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
+            except Exception:  # noqa: BLE001
+                pass
+    except BaseException as e:  # noqa: BLE001 (recorded: this is what the variant is there to show)
+        out.update(_error(e))
+        out["error"] = "compile_failed: " + out["error"]
+    print(json.dumps(out, default=_jsonable), flush=True)
+    return 0
 
 
 def plot_learner(rec: dict, png: Path) -> None:
@@ -455,7 +579,7 @@ def plot_learner(rec: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = rec["cases"]
+    cases = {k: c for k, c in rec["cases"].items() if any(v.get("updates_per_s") for v in c["variants"].values())}
     names = []
     for c in cases.values():
         for n, v in c["variants"].items():
@@ -463,7 +587,7 @@ def plot_learner(rec: dict, png: Path) -> None:
                 names.append(n)
     if not names:
         return
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(cases)), 4))
     w = 0.8 / len(names)
     for i, n in enumerate(names):
         ys = [c["variants"].get(n, {}).get("updates_per_s") or 0 for c in cases.values()]
@@ -472,14 +596,162 @@ def plot_learner(rec: dict, png: Path) -> None:
     ax.set_xticklabels(list(cases), fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("gradient steps / s (learner alone)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title("learner updates/s at the presets' batch sizes", fontsize=10)
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title("learner updates/s per kernel at the presets' batch sizes", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
 
-# --- stage d: profile, plan, train --------------------------------------------------------------------------
+# --- stage k: the kernel each device chooses ------------------------------------------------------------------
+def stage_kernels(ctx: dict, rec: Rec) -> None:
+    require("gymnasium")
+    import warnings
+
+    import torch
+
+    from hetrl.kernels import NAMES, kernel_class, select
+    from hetrl.kernels.cuda_graph import fits
+
+    warnings.filterwarnings("ignore", message=".*capturable=True.*")
+    cuda = torch.cuda.is_available()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    rec["how"] = ("hetrl.kernels.select(make_algo, spec, act_space, batch_size, K, device) at the run's phase length K, "
+                  "1 torch thread: every kernel that applies is checked equal to public (2 synthetic phases, the same "
+                  "random draws) and only those equal are timed (alternating rounds); the fastest is chosen")
+    rec["cuda"] = cuda
+    rec["cases"] = {}
+    rec.save()
+    reserve = 5 if ctx["quick"] else 8
+    for algo, env, case in case_list():
+        key = f"{algo} {env}"
+        if isinstance(case, dict):
+            rec["cases"][key] = case
+            continue
+        c = rec["cases"][key] = {**case.describe(), "devices": {}}
+        runs = [("cuda", case.K), ("cpu", case.K)]
+        if not fits(case.probe, case.K):   # the graph would replay nothing at K (TD3: K=1, period 2)
+            runs.insert(1, (f"cuda_k{case.period}", case.period))
+        for label, k in runs:
+            dev = label.split("_")[0]
+            if dev == "cuda" and not cuda:
+                c["devices"][label] = {"skipped": "no CUDA"}
+                continue
+            if left(ctx) < reserve:
+                c["devices"][label] = {"skipped": "stage budget spent"}
+                continue
+            candidates = list(NAMES)
+            d: dict = {"steps": k}
+            if dev == "cpu" and not kernel_class("compiled").check(case.probe):
+                why = wait_warm(ctx, algo, reserve)
+                if why:
+                    candidates.remove("compiled")
+                    d["left_out"] = {"compiled": why}
+            try:
+                t = time.perf_counter()
+                choice = select(case.maker(dev), case.spec, case.act, case.B, k, dev, candidates=tuple(candidates),
+                                seed=case.cfg.seed)
+                d.update(wall_s=round(time.perf_counter() - t, 2), chosen=choice.name,
+                         updates_per_s={n: round(1.0 / s, 1) for n, s in choice.s_per_update.items() if s > 0},
+                         checked=choice.checked, differs=choice.differs, declined=choice.declined,
+                         explain=choice.explain(), choice=choice.to_json())
+                if dev == "cuda":
+                    d["graph_captures"] = fits(case.probe, k)
+                    # what stage k is for: a graph is chosen only with its equality check passed on this device
+                    d["chosen_after_check"] = choice.name == "public" or choice.name in choice.checked
+                print(f"{key} on {label} (k={k}): " + "; ".join(choice.explain()), flush=True)
+            except Exception as e:  # noqa: BLE001
+                d.update(_error(e))
+                print(f"{key} on {label}: {traceback.format_exc()}", flush=True)
+            c["devices"][label] = d
+            rec.save()
+
+
+# --- stage g: populations -------------------------------------------------------------------------------------------
+POP_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+spec = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+import torch
+import hetrl
+import_s = time.perf_counter() - t0
+run = hetrl.train("dqn", "CartPole-v1", seeds=spec["seeds"], steps=spec["steps"], device=spec["device"],
+                  learner_kernel=spec["kernel"], plan="none", eval_episodes=0, progress=False, out=spec["out"],
+                  force=True)
+process_s = time.perf_counter() - t0
+res = run.result
+out = {k: res.get(k) for k in ("members", "env_steps", "wall_s", "env_steps_per_s", "member_env_steps_per_s",
+                               "gradient_steps", "train_samples_per_s", "lanes", "parallel_lanes", "learner_kernel",
+                               "peak_rss_mb", "interrupted")}
+members = []
+for d in sorted(Path(spec["out"], "members").iterdir()):
+    r = json.loads((d / "result.json").read_text())
+    members.append({k: r.get(k) for k in ("learner_busy_s", "acting_s", "replay_busy_s", "compile_s",
+                                          "gradient_steps", "env_steps", "learner_kernel")})
+graph = getattr(run.schedule, "graph", None)
+out["members_graph"] = graph is not None   # the members' phases replayed from one CUDA graph
+out["capture_s"] = graph.compile_s if graph is not None else sum(m["compile_s"] or 0.0 for m in members)
+total = lambda k: sum(m[k] or 0.0 for m in members)
+out["time_split_s"] = {"learner": total("learner_busy_s"), "acting": total("acting_s"), "replay": total("replay_busy_s")}
+out["member_gradient_steps"] = members[0]["gradient_steps"]
+out["member_learner_busy_s"] = [m["learner_busy_s"] for m in members[:8]]
+out["process_s"], out["import_s"] = process_s, import_s
+if torch.cuda.is_available():
+    out["gpu_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
+print(json.dumps(out))
+"""
+
+
+def stage_population(ctx: dict, rec: Rec) -> None:
+    require("gymnasium")
+    quick, cuda = ctx["quick"], cuda_ok()
+    steps = POP_STEPS_QUICK if quick else POP_STEPS
+    rec.update(steps=steps, env="CartPole-v1", algo="dqn", cuda=cuda,
+               how=("hetrl.train('dqn', 'CartPole-v1', seeds=N, steps=STEPS, device=..., learner_kernel=K, plan='none', "
+                    "eval_episodes=0, progress=False, out=...), one process per run; wall_s: the population's clock "
+                    "(result.json), process_s: the whole process (imports, setup, saving); time_split_s: the members' "
+                    "learner_busy_s, acting_s and replay_busy_s summed; capture_s: the CUDA graph captures (warm-up "
+                    "and capture of every member's phase)"))
+    runs = rec["runs"] = {}
+    rec.save()
+    for kernel, n in POP_RUNS:
+        key = f"{kernel}_n{n}"
+        if kernel == "cuda_graph" and not cuda:
+            runs[key] = {"skipped": "no CUDA"}
+            continue
+        device = "cuda" if cuda else "cpu"
+        one = runs.get(f"{kernel}_n1") or {}
+        if n > 1 and one.get("wall_s") and one.get("process_s"):   # members learn one after another with the public kernel: ~n x one
+            est = (n * one["wall_s"] if kernel == "public" else one["wall_s"]) + (one["process_s"] - one["wall_s"])
+            if est > left(ctx) - 3:
+                runs[key] = {"skipped": f"stage budget spent: {left(ctx):.0f} s left, about {est:.0f} s needed"}
+                continue
+        if left(ctx) < 10:
+            runs[key] = {"skipped": "stage budget spent"}
+            continue
+        spec = {"seeds": n, "steps": steps, "device": device, "kernel": kernel,
+                "out": str(Path(ctx["work"]) / "population" / key)}
+        r = run_cmd([sys.executable, "-c", POP_CHILD, json.dumps(spec)], left(ctx) - 3,
+                    label=f"population of {n}, learner_kernel={kernel}, on {device}")
+        got = _last_json(r["stdout"]) if r["rc"] == 0 else None
+        runs[key] = ({"device": device, **got} if got else
+                     {"error": (r["stderr"] or r["stdout"])[-1500:], "rc": r["rc"], "timed_out": r["timed_out"],
+                      "process_s": r["wall_s"]})
+        rec.save()
+    ratios = {}
+    for kernel in ("cuda_graph", "public"):
+        one = (runs.get(f"{kernel}_n1") or {}).get("wall_s")
+        for n in (8, 64):
+            other = (runs.get(f"{kernel}_n{n}") or {}).get("wall_s")
+            if one and other:
+                ratios[f"{kernel}_n{n}_over_n1"] = round(other / one, 2)
+    rec["wall_ratio"] = ratios
+    rec["target"] = "cuda_graph_n64_over_n1 <= 3"
+
+
+# --- stage d: profile, plan (and train where time is left) ------------------------------------------------------
 def _sets(d: dict) -> list[str]:
     out = []
     for k, v in d.items():
@@ -487,25 +759,21 @@ def _sets(d: dict) -> list[str]:
     return out
 
 
-def _last_json(text: str):
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
-
-
 def _plan_brief(p: dict) -> dict:
     if not p:
         return {}
     pl, pr = p.get("plan", {}), p.get("predicted", {})
+    choice = ((p.get("profile") or {}).get("learner_kernel") or {}).get(pl.get("learner_device")) or {}
+    try:
+        from hetrl.kernels import Choice
+
+        line = Choice.from_json(choice).explain() if choice else []
+    except Exception as e:  # noqa: BLE001
+        line = [f"(explain failed: {type(e).__name__}: {e})"]
     return {"plan": pl, "settings": p.get("settings"), "predicted_env_steps_per_s": pr.get("env_steps_per_s"),
             "predicted_gradient_steps_per_s": pr.get("gradient_steps_per_s"), "bound": pr.get("bound"),
             "bottleneck": p.get("bottleneck"), "candidates": p.get("candidates"),
-            "fastpath": (p.get("profile") or {}).get("fastpath"),
+            "learner_kernel": choice, "learner_line": line,
             "runners_up": [{"plan": r["plan"], "env_steps_per_s": r["predicted"].get("env_steps_per_s")}
                            for r in p.get("runners_up", [])[:5]]}
 
@@ -514,7 +782,9 @@ RESULT_KEYS = ["schedule", "device", "actors", "envs_per_actor", "env_steps", "g
                "env_steps_per_s", "env_steps_per_s_learning", "predicted_env_steps_per_s", "train_samples_per_s",
                "learner_busy_fraction", "replay_ratio_achieved", "policy_lag_mean", "eval_return_mean",
                "eval_return_std", "best_select_return_mean", "best_env_steps", "policy", "peak_rss_mb",
-               "gpu_max_memory_allocated_mb", "interrupted"]
+               "gpu_max_memory_allocated_mb", "learner_kernel", "learner_kernel_source", "interrupted"]
+FULL_PROFILE_S = 100   # a full profile and three plans; with less time left the profile is the quick grid
+TRAIN_S = 90           # what `hetrl train` under the plan needs at least
 
 
 def stage_planner(ctx: dict, rec: Rec) -> None:
@@ -525,18 +795,18 @@ def stage_planner(ctx: dict, rec: Rec) -> None:
     for algo, env, steps, sets in PLAN_CASES:
         if quick:
             steps = steps // 10
-            sets = {**sets, **({"learning_starts": min(sets["learning_starts"], steps // 3)}
-                               if "learning_starts" in sets else {})}
         c = rec["cases"][f"{algo} {env}"] = {"steps": steps, "sets": sets}
         rec.save()
-        q = ["--quick"] if quick else []
+        small = quick or left(ctx) < FULL_PROFILE_S
+        q = ["--quick"] if small else []
+        c["profile_grid"] = "quick" if small else "full"
         base = [algo, "--env", env, *_sets(sets)]
         r = run_cmd([*py, "profile", *base, *q, "--json"], left(ctx) - 5)
         prof = _last_json(r["stdout"])
         c["profile"] = {"cmd": r["cmd"], "rc": r["rc"], "wall_s": r["wall_s"]}
         if prof:
             c["profile"].update(devices=prof.get("devices"), machine=prof.get("machine"),
-                                profile_s=prof.get("profile_s"), fastpath=prof.get("fastpath"),
+                                profile_s=prof.get("profile_s"), learner_kernel=prof.get("learner_kernel"),
                                 learn=prof.get("learn"), learn_grouped=prof.get("learn_grouped"),
                                 transfer={k: v for k, v in (prof.get("transfer") or {}).items() if "cuda" in k},
                                 power=prof.get("power"))
@@ -551,22 +821,25 @@ def stage_planner(ctx: dict, rec: Rec) -> None:
                 continue
             if label != "default" and not cuda:
                 continue   # without a GPU the default plan is the CPU's
+            if left(ctx) < 8:
+                plans[label] = {"skipped": "stage budget spent"}
+                continue
             r = run_cmd([*py, "plan", *base, *pin, *q, "--json"], left(ctx) - 5)
             p = _last_json(r["stdout"])
             plans[label] = _plan_brief(p) if p else {"error": (r["stderr"] or r["stdout"])[-2000:], "rc": r["rc"]}
+            rec.save()
         c["plans"] = plans
         rec.save()
         run_dir = Path(ctx["work"]) / "runs" / f"{algo}-{env}"
         cmd = [*py, "train", algo, "--env", env, "--steps", str(steps), *_sets(sets), "--out", str(run_dir),
                "--force", "--no-progress"]
-        if quick:   # a quick profile does not cover what --plan auto measures: run the quick plan's settings
+        if small:   # a quick profile does not cover what --plan auto measures: run the quick plan's settings
             d = plans.get("default") or {}
-            fixed = {**(d.get("settings") or {}), "fastpath": bool((d.get("fastpath") or {}).get("chosen", False))}
-            cmd += ["--plan", "none", *_sets({k: v for k, v in fixed.items() if k != "num_envs"})]
-            c["train_how"] = "quick: --plan none with the quick plan's settings (a quick profile does not cover --plan auto's)"
+            cmd += ["--plan", "none", *_sets({k: v for k, v in (d.get("settings") or {}).items() if k != "num_envs"})]
+            c["train_how"] = "--plan none with the quick plan's settings (a quick profile does not cover --plan auto's)"
         else:
             c["train_how"] = "hetrl train under the default plan (--plan auto, the profile cached above)"
-        if left(ctx) < 20:
+        if left(ctx) < (20 if quick else TRAIN_S):
             c["train"] = {"skipped": "stage budget spent"}
             continue
         r = run_cmd(cmd, left(ctx) - 5)
@@ -713,8 +986,8 @@ def plot_sweep(rec: dict, png: Path) -> None:
     plt.close(fig)
 
 
-STAGE_FNS = {"env": stage_env, "tests": stage_tests, "learner": stage_learner, "planner": stage_planner,
-             "sb3": stage_sb3, "sweep": stage_sweep}
+STAGE_FNS = {"env": stage_env, "tests": stage_tests, "learner": stage_learner, "kernels": stage_kernels,
+             "population": stage_population, "planner": stage_planner, "sb3": stage_sb3, "sweep": stage_sweep}
 
 
 def child_main(name: str, ctx: dict) -> int:
@@ -749,25 +1022,91 @@ def parse_stages(text: str) -> list[str]:
     return [n for _, n, _ in STAGES if n in out]
 
 
-def run_stage(name: str, args, work: Path, out: Path, end: float | None) -> dict:
-    budget = BUDGETS_S[name]
-    if end is not None:
-        budget = min(budget, end - time.time())
-    if budget < 5:
-        return {"status": "skipped", "reason": "skipped: --max-s leaves no time for it", "budget_s": 0}
-    ctx = {"quick": args.quick, "work": str(work), "out": str(out), "deadline": time.time() + budget - 3}
+def stage_environ(work: Path) -> dict:
+    """The environment of every process the check starts: hetrl from this tree, a fresh profile cache."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("HETRL_CACHE_DIR", str(work / "cache"))   # a fresh profile, taken on this machine
     env.update(PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+    return env
+
+
+WARM_CHILD = r"""
+import json, os, sys, time
+name, marker = sys.argv[1], sys.argv[2]
+os.nice(5)   # behind the stages' own work
+t = time.perf_counter()
+out = {"name": name}
+try:
+    from hetrl.algos import compiled
+    out["available"] = compiled.available()
+    out["compile_s"] = compiled.warm_up(name) if out["available"] else 0.0
+    if not out["available"]:
+        out["error"] = "the compiled kernel needs numba and scipy, which do not import here"
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"[:500]
+out["wall_s"] = time.perf_counter() - t
+tmp = marker + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(out, f)
+os.replace(tmp, marker)
+"""
+
+
+def start_warm_up(stages: list[str], work: Path) -> tuple[list[str], list[subprocess.Popen]]:
+    """Compile the compiled CPU kernel of each algorithm stages c and k time into numba's on-disk cache, in
+    background processes (one per algorithm) that run while the stages before them do."""
+    if not {"learner", "kernels"} & set(stages) or importlib.util.find_spec("numba") is None:
+        return [], []
+    names = sorted({WARM_UP[a] for a, _ in LEARNER_CASES if a in WARM_UP and a != "crossq"})
+    try:   # crossq's kernel where one is registered (a cheap look: the registry only)
+        sys.path.insert(0, str(ROOT))
+        from hetrl import registry
+
+        if "crossq" in registry.names():
+            names.append("crossq")
+    except Exception:  # noqa: BLE001
+        pass
+    procs = []
+    for name in names:
+        warm_marker(work, name).unlink(missing_ok=True)
+        log = open(work / f"numba_warm_{name}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-c", WARM_CHILD, name, str(warm_marker(work, name))], cwd=ROOT,
+                                      env=stage_environ(work), stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+    print(f"gpu_check: compiling the compiled kernel of {', '.join(names)} in the background", flush=True)
+    return names, procs
+
+
+def stop_warm_up(names: list[str], procs: list[subprocess.Popen], work: Path) -> dict:
+    out = {}
+    for name, p in zip(names, procs):
+        running = p.poll() is None
+        if running:
+            _kill_group(p, grace_s=1)
+        try:
+            out[name] = json.loads(warm_marker(work, name).read_text())
+        except (OSError, ValueError):
+            out[name] = {"error": "stopped at the end of the check, unfinished" if running else f"exit code {p.returncode}"}
+    return out
+
+
+def run_stage(name: str, args, work: Path, out: Path, end: float | None, warm: list[str]) -> dict:
+    budget = BUDGETS_S[name] * (QUICK_BUDGET_FACTOR if args.quick else 1)
+    if end is not None:
+        budget = min(budget, end - time.time())
+    if budget < 5:
+        return {"status": "skipped", "reason": "skipped: --max-s leaves no time for it", "budget_s": 0}
+    ctx = {"quick": args.quick, "work": str(work), "out": str(out), "deadline": time.time() + budget - 3,
+           "warm_up": warm}
     stage_json, log = work / f"stage_{name}.json", work / f"stage_{name}.log"
     stage_json.unlink(missing_ok=True)
     t0 = time.time()
     print(f"gpu_check: stage {name} (budget {budget:.0f} s) ...", flush=True)
     with open(log, "w") as f:
         p = subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()), "--_stage", name,
-                              "--_ctx", json.dumps(ctx)], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                              "--_ctx", json.dumps(ctx)], cwd=ROOT, env=stage_environ(work), stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc, timed_out = p.wait(timeout=budget), False
         except subprocess.TimeoutExpired:
@@ -824,8 +1163,13 @@ def summary(doc: dict) -> str:
         note = r.get("reason") or r.get("note") or ""
         L.append(f"{name:<10} {r.get('status', '?'):<9} {_fmt(r.get('wall_s')):>6} / {_fmt(r.get('budget_s')):<8} "
                  f"{note[:110]}")
-    for name, fn in (("env", _sum_env), ("tests", _sum_tests), ("learner", _sum_learner),
-                     ("planner", _sum_planner), ("sb3", _sum_sb3), ("sweep", _sum_sweep)):
+    warm = doc.get("numba_warm_up")
+    if warm:
+        L.append("numba's background compile of the compiled kernel: " + ", ".join(
+            f"{n} {v['error'][:60] if v.get('error') else _fmt(v.get('compile_s'), 0) + ' s'}" for n, v in warm.items()))
+    for name, fn in (("env", _sum_env), ("tests", _sum_tests), ("learner", _sum_learner), ("kernels", _sum_kernels),
+                     ("population", _sum_population), ("planner", _sum_planner), ("sb3", _sum_sb3),
+                     ("sweep", _sum_sweep)):
         r = st.get(name)
         if r and r.get("status") not in ("skipped",):
             L.append("")
@@ -851,47 +1195,99 @@ def _sum_tests(r: dict) -> list[str]:
             f" (rc {r.get('rc')}){'; ' + r['note'] if r.get('note') else ''}"]
 
 
+def _check_mark(chk: dict | None) -> str:
+    if not chk:
+        return ""
+    return " ok" if chk.get("ok") else f" DIFFERS ({chk.get('tolerance_used')}x tolerance: {str(chk.get('worst'))[:60]})"
+
+
 def _sum_learner(r: dict) -> list[str]:
     out = [f"[learner] gradient steps/s of the learner alone ({'CUDA' if r.get('cuda') else 'no CUDA'}); "
-           "k = steps per learn call; graph/compile: checked against eager"]
+           "k = steps per learn call; ok / DIFFERS: kernels.check_equal against the public kernel"]
     for case, c in (r.get("cases") or {}).items():
-        parts = [f"skipped: {c['skipped']}"] if c.get("skipped") else []
+        parts = ([f"skipped: {c['skipped']}"] if c.get("skipped") else
+                 [f"ERROR {c['error'][:120]}"] if c.get("error") else [])
         for n, v in c.get("variants", {}).items():
             if v.get("updates_per_s"):
-                chk = v.get("check") or {}
-                mark = "" if not chk else (" ok" if chk.get("match") else " MISMATCH")
-                extra = f", compile {v['compile_s']:.0f} s" if v.get("compile_s") is not None else ""
-                parts.append(f"{n} {v['updates_per_s']:,.0f}{mark}{extra}")
+                extra = f", compile {v['compile_s']:.0f} s" if n.startswith("cuda_compile") and v.get("compile_s") else ""
+                parts.append(f"{n} {v['updates_per_s']:,.0f}{_check_mark(v.get('check'))}{extra}")
             elif v.get("error"):
                 parts.append(f"{n} ERROR {v['error'][:80]}")
             elif v.get("skipped"):
-                parts.append(f"{n} skipped: {v['skipped']}")
-        out.append(f"  {case} (B={c.get('batch_size')}, {c.get('net_arch')}): " + "; ".join(parts))
+                parts.append(f"{n} skipped: {v['skipped'][:80]}")
+        head = f"  {case}" + (f" (B={c.get('batch_size')}, {c.get('net_arch')}, K={c.get('phase_k')})"
+                              if "batch_size" in c else "")
+        out.append(head + ": " + "; ".join(parts))
+    return out
+
+
+def _sum_kernels(r: dict) -> list[str]:
+    out = [f"[kernels] kernels.select at the run's phase length ({'CUDA' if r.get('cuda') else 'no CUDA'}): chosen "
+           "kernel, updates/s of those checked equal, dropped / not used and why"]
+    for case, c in (r.get("cases") or {}).items():
+        if c.get("skipped") or c.get("error"):
+            out.append(f"  {case}: " + (f"skipped: {c['skipped']}" if c.get("skipped") else f"ERROR {c['error'][:120]}"))
+            continue
+        for label, d in (c.get("devices") or {}).items():
+            if d.get("chosen"):
+                ups = ", ".join(f"{n} {v:,.0f}" for n, v in (d.get("updates_per_s") or {}).items())
+                why = "; ".join([f"{n} differs: {str(w)[:70]}" for n, w in (d.get("differs") or {}).items()]
+                                + [f"{n} not used: {str(w)[:70]}" for n, w in
+                                   {**(d.get("declined") or {}), **(d.get("left_out") or {})}.items()])
+                flag = "" if d.get("chosen_after_check", True) else " (CHOSEN WITHOUT A PASSED CHECK)"
+                cap = "" if d.get("graph_captures", True) else " (the graph replays nothing at this k)"
+                out.append(f"  {case} on {label} (k={d.get('steps')}): {d['chosen']}{flag}{cap}"
+                           + (f" [{ups}]" if ups else "")
+                           + (f" {why}" if why else ""))
+            else:
+                out.append(f"  {case} on {label}: {d.get('skipped') or 'ERROR ' + str(d.get('error'))[:100]}")
+    return out
+
+
+def _sum_population(r: dict) -> list[str]:
+    out = [f"[population] {r.get('algo')} {r.get('env')}, {r.get('steps', 0):,} env steps per member: wall (population "
+           "clock) / process s, member env steps/s, where the time goes (members summed)"]
+    for key, v in (r.get("runs") or {}).items():
+        if v.get("wall_s"):
+            ts = v.get("time_split_s") or {}
+            out.append(f"  {key:<15} {v.get('device')}: wall {v['wall_s']:,.1f} / {_fmt(v.get('process_s'), 1)} s, "
+                       f"{_fmt(v.get('member_env_steps_per_s'))} env steps/s per member "
+                       f"({_fmt(v.get('env_steps_per_s'))} all), {v.get('member_gradient_steps')} gradient steps each; "
+                       f"learner {_fmt(ts.get('learner'), 1)} s (capture {_fmt(v.get('capture_s'), 1)}), acting "
+                       f"{_fmt(ts.get('acting'), 1)}, replay {_fmt(ts.get('replay'), 1)}"
+                       + ("; one graph for all members" if v.get("members_graph") else ""))
+        else:
+            out.append(f"  {key:<15} {v.get('skipped') or 'ERROR ' + str(v.get('error'))[-150:]}")
+    if r.get("wall_ratio"):
+        out.append("  wall ratios: " + ", ".join(f"{k} {v}" for k, v in r["wall_ratio"].items())
+                   + f" (target: {r.get('target')})")
     return out
 
 
 def _sum_planner(r: dict) -> list[str]:
-    out = ["[planner] hetrl profile + plan + train (measured env steps/s while learning vs the plan's prediction)"]
+    out = ["[planner] hetrl profile + plan (+ train where time was left: measured env steps/s vs the prediction)"]
     for case, c in (r.get("cases") or {}).items():
         prof = c.get("profile", {})
-        out.append(f"  {case}: profile rc {prof.get('rc')} in {_fmt(prof.get('wall_s'))} s, devices "
-                   f"{prof.get('devices')}, cuda considered: {c.get('considered_cuda')}")
+        out.append(f"  {case}: profile ({c.get('profile_grid')} grid) rc {prof.get('rc')} in {_fmt(prof.get('wall_s'))} "
+                   f"s, devices {prof.get('devices')}, cuda considered: {c.get('considered_cuda')}")
         for label, p in (c.get("plans") or {}).items():
             if p.get("plan"):
                 pl = p["plan"]
                 out.append(f"    plan {label:<7}: {pl.get('schedule')} {pl.get('actors')}x{pl.get('envs_per_actor')} "
                            f"learner {pl.get('learner_device')} ({pl.get('threads')} thr) predicted "
                            f"{_fmt(p.get('predicted_env_steps_per_s'))} env steps/s; {str(p.get('bottleneck'))[:90]}")
+                for line in p.get("learner_line") or []:
+                    out.append(f"      {line[:160]}")
             else:
                 out.append(f"    plan {label:<7}: {p.get('skipped') or str(p.get('error'))[:120]}")
         t = c.get("train") or {}
         res = t.get("result") or {}
         if res:
-            out.append(f"    train {c.get('steps'):,} steps ({res.get('schedule')}, {res.get('device')}): "
-                       f"{_fmt(res.get('env_steps_per_s_learning'))} env steps/s learning vs predicted "
-                       f"{_fmt(t.get('predicted_env_steps_per_s'))} = {_fmt(t.get('measured_over_predicted'), 2)}x; "
-                       f"whole run {_fmt(res.get('env_steps_per_s'))}; eval return {_fmt(res.get('eval_return_mean'), 1)} "
-                       f"+- {_fmt(res.get('eval_return_std'), 1)}")
+            out.append(f"    train {c.get('steps'):,} steps ({res.get('schedule')}, {res.get('device')}, kernel "
+                       f"{res.get('learner_kernel')}): {_fmt(res.get('env_steps_per_s_learning'))} env steps/s learning "
+                       f"vs predicted {_fmt(t.get('predicted_env_steps_per_s'))} = "
+                       f"{_fmt(t.get('measured_over_predicted'), 2)}x; whole run {_fmt(res.get('env_steps_per_s'))}; "
+                       f"eval return {_fmt(res.get('eval_return_mean'), 1)} +- {_fmt(res.get('eval_return_std'), 1)}")
         elif t:
             out.append(f"    train: {t.get('skipped') or ('rc ' + str(t.get('rc')) + ' ' + str(t.get('stderr_tail', ''))[-200:])}")
     return out
@@ -931,7 +1327,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="~10x smaller workloads: a smoke test (CPU-only machines too)")
     ap.add_argument("--out", help="where the JSON, summary, plots and logs go (default $OUT, else "
                                   "benchmarks/results/gpu_check)")
-    ap.add_argument("--stages", default="a,b,c,d,e,f", help="letters or names, e.g. a,b,c,e (default: all)")
+    ap.add_argument("--stages", default=DEFAULT_STAGES,
+                    help=f"letters or names, e.g. a,b,c,e (default: {DEFAULT_STAGES}, the GPU machine's call)")
     ap.add_argument("--max-s", type=float, help="wall seconds for this whole invocation (stages get what is left)")
     ap.add_argument("--work", help="scratch folder for run directories, logs and the profile cache (default: a new "
                                    "temporary folder)")
@@ -939,9 +1336,12 @@ def main() -> int:
                                                                "(later files win per stage) into --out; runs nothing")
     ap.add_argument("--_stage", help=argparse.SUPPRESS)
     ap.add_argument("--_ctx", help=argparse.SUPPRESS)
+    ap.add_argument("--_compile", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._stage:
         return child_main(args._stage, json.loads(args._ctx))
+    if args._compile:
+        return compile_child(json.loads(args._compile))
 
     out = Path(args.out or os.environ.get("OUT") or BENCH / "results" / "gpu_check")
     out.mkdir(parents=True, exist_ok=True)
@@ -953,6 +1353,8 @@ def main() -> int:
                                        "stages": list(d.get("stages", {}))})
             doc["quick"] = doc.get("quick", False) or d.get("quick", False)
             doc["stages"].update(d.get("stages", {}))
+            if d.get("numba_warm_up"):
+                doc["numba_warm_up"] = d["numba_warm_up"]
         write_outputs(doc, out)
         print(summary(doc), end="")
         return 0
@@ -970,15 +1372,30 @@ def main() -> int:
     doc.setdefault("stages", {})
     print(f"gpu_check: stages {', '.join(stages)} -> {out} (scratch {work})", flush=True)
     logs = []
-    for name in stages:
-        rec = run_stage(name, args, work, out, end)
-        doc["stages"][name] = rec
-        try:
-            logs.append(f"===== stage {name} =====\n" + (work / f"stage_{name}.log").read_text(errors="replace")[-200_000:])
-        except OSError:
-            pass
-        write_outputs(doc, out)
-        (out / "gpu_check_logs.txt").write_text("\n".join(logs))
+    warm, procs = start_warm_up(stages, work)
+    doc.pop("numba_warm_up", None)
+    try:
+        for name in stages:
+            rec = run_stage(name, args, work, out, end, warm)
+            doc["stages"][name] = rec
+            try:
+                logs.append(f"===== stage {name} =====\n"
+                            + (work / f"stage_{name}.log").read_text(errors="replace")[-200_000:])
+            except OSError:
+                pass
+            write_outputs(doc, out)
+            (out / "gpu_check_logs.txt").write_text("\n".join(logs))
+    finally:
+        if warm:
+            doc["numba_warm_up"] = stop_warm_up(warm, procs, work)
+            for name in warm:
+                try:
+                    logs.append(f"===== numba's compile of the {name} kernel =====\n"
+                                + (work / f"numba_warm_{name}.log").read_text(errors="replace")[-20_000:])
+                except OSError:
+                    pass
+            write_outputs(doc, out)
+            (out / "gpu_check_logs.txt").write_text("\n".join(logs))
     print(summary(doc), end="")
     print(f"gpu_check: wrote {out}/gpu_check.json, gpu_check.txt (+ plots, logs)")
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
-    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac) with cfg's hyperparameters on `env`;
+    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac, crossq) with cfg's hyperparameters on `env`;
     `sb3_kwargs` go to the model's constructor as they are (e.g. device="cpu": SB3's default is "auto").
     lib="sbx": the same model from SBX (`pip install sbx-rl`, SB3 on JAX), whose DQN has no gradient clip."""
     import importlib
@@ -48,6 +48,18 @@ def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
     import gymnasium as gym
 
     n = gym.make(env).action_space.shape[0]
+    if cfg.algo == "crossq":   # SBX's CrossQ (sbx), or SB3-Contrib's for lib="sb3" (`pip install sb3-contrib`)
+        if lib == "sb3":
+            sb3 = importlib.import_module("sb3_contrib")
+        ent = cfg.ent_coef if cfg.ent_coef.startswith("auto") else float(cfg.ent_coef)
+        target = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
+        kw = dict(net_arch=dict(pi=cfg.net_arch, qf=cfg.qf_arch or cfg.net_arch),
+                  batch_norm_momentum=cfg.batch_norm_momentum, renorm_warmup_steps=cfg.renorm_warmup_steps,
+                  optimizer_kwargs={"b1": cfg.adam_beta1} if lib == "sbx" else {"betas": (cfg.adam_beta1, 0.999)})
+        if lib == "sbx":
+            kw.update(batch_norm_actor=cfg.batch_norm_actor, layer_norm=cfg.layer_norm)
+        return sb3.CrossQ("MlpPolicy", env, policy_delay=cfg.policy_delay, ent_coef=ent, target_entropy=target,
+                          **{**common, "policy_kwargs": kw})
     if cfg.algo == "sac":
         ent = cfg.ent_coef if cfg.ent_coef == "auto" else float(cfg.ent_coef)
         target = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)

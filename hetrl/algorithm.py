@@ -81,18 +81,30 @@ def _kind(space_cls: type) -> str:
     return {gym.spaces.Discrete: "discrete", gym.spaces.Box: "continuous (Box)"}.get(space_cls, space_cls.__name__)
 
 
-def _takers(act_space: gym.Space) -> str:
-    """The registered algorithms that act in spaces like `act_space` (for an error message)."""
+def _takers(act_space: gym.Space | None = None, pixels: bool = False) -> str:
+    """The registered algorithms that act in spaces like `act_space` (or that take pixels), for an error message."""
     from hetrl import registry
 
     names = []
     for n in registry.names():
         try:
-            if isinstance(act_space, registry.get(n).action_spaces):
-                names.append(n)
+            cls = registry.get(n)
         except UsageError:   # a broken entry point of another package: not this message's business
             continue
+        if (isinstance(act_space, cls.action_spaces) if act_space is not None else True) and (cls.pixels or not pixels):
+            names.append(n)
     return ", ".join(names) if names else "an algorithm of your own (docs/extending.md)"
+
+
+def optimizers(algo) -> list[torch.optim.Optimizer]:
+    """The torch optimizers an algorithm object holds as attributes (a FlatAdam wraps one as `.opt`)."""
+    out = []
+    for v in vars(algo).values():
+        if isinstance(v, torch.optim.Optimizer):
+            out.append(v)
+        elif isinstance(getattr(v, "opt", None), torch.optim.Optimizer):
+            out.append(v.opt)
+    return out
 
 
 class Algorithm:
@@ -118,6 +130,11 @@ class Algorithm:
         self.obs_shape = tuple(obs_space.shape)
         self.device = torch.device(device)
         self.updates = 0
+        # the learner's own random numbers (TD3's smoothing noise, SAC's actions): drawn from this generator, so
+        # a run's draws do not depend on what else runs in the process (a population's members learn side by
+        # side) and a kernel draws exactly what `learn` draws; on a GPU torch's default generator (None), which
+        # a CUDA graph captures
+        self.rng = torch.Generator().manual_seed(int(cfg.seed)) if self.device.type == "cpu" else None
 
     # ---- what it takes --------------------------------------------------------------------------
     @classmethod
@@ -139,7 +156,8 @@ class Algorithm:
                              "wrap it with gymnasium.wrappers.ClipAction/RescaleAction")
         if is_image(obs_space) and not cls.pixels:
             raise UsageError(f"{name} takes vector observations; this env's are images {obs_space.shape}: choose "
-                             "an algorithm that takes pixels (dqn), or flatten them with a wrapper")
+                             f"an algorithm that takes pixels ({_takers(act_space, pixels=True)}), or flatten them "
+                             "with a wrapper")
 
     @classmethod
     def replay_fields(cls, obs_space: gym.Space, act_space: gym.Space) -> dict:
@@ -174,6 +192,14 @@ class Algorithm:
         (K, B) (1 under uniform replay); returns |TD| (K, B) for the priorities. Counts them in `updates`."""
         raise NotImplementedError(f"{type(self).__name__} must implement learn")
 
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of every optimizer it holds (a learning-rate schedule, config.lr_schedule or
+        the SB3-style classes' callable learning_rate, calls it between learner calls). By default: every
+        torch optimizer among its attributes, and the one inside each FlatAdam-like wrapper (`.opt`)."""
+        for opt in optimizers(self):
+            for group in opt.param_groups:
+                group["lr"] = lr
+
     def graph_period(self) -> int:
         """Gradient steps after which `learn`'s Python-side control flow repeats (TD3: policy_delay): a CUDA
         graph captures phases of a multiple of it only."""
@@ -182,9 +208,14 @@ class Algorithm:
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Plain tensors and numbers only (checkpoints load with torch.load(weights_only=True))."""
-        return {**{k: getattr(self, k).state_dict() for k in self.nets + self.optims}, "updates": self.updates}
+        out = {**{k: getattr(self, k).state_dict() for k in self.nets + self.optims}, "updates": self.updates}
+        if getattr(self, "rng", None) is not None:
+            out["rng"] = self.rng.get_state()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         for k in self.nets + self.optims:
             getattr(self, k).load_state_dict(state[k])
         self.updates = int(state["updates"])
+        if getattr(self, "rng", None) is not None and "rng" in state:
+            self.rng.set_state(state["rng"])

@@ -70,6 +70,18 @@ class Policy:
         a = self._p.act_deterministic(obs[None] if single else obs)
         return a[0] if single else a
 
+    def sample(self, obs: Any, explore: float | None) -> np.ndarray:
+        """The acting policy's env action(s), as in training: `explore` is the algorithm's exploration value
+        (`algo.exploration(env_steps)`: epsilon, a noise scale; None: uniform random actions)."""
+        obs = self._flat(obs)
+        single = obs.shape == tuple(self.algo.obs_shape)
+        a, _ = self._p.act(obs[None] if single else obs, explore)
+        return a[0] if single else a
+
+    def load(self, state: dict) -> None:
+        """New parameters (the algorithm's `policy_state()`)."""
+        self._p.load(state)
+
     def _flat(self, obs: Any) -> np.ndarray:
         shape = tuple(self.algo.obs_shape)
         if isinstance(obs, np.ndarray) and obs.dtype == np.float32 and obs.shape[obs.ndim - len(shape):] == shape:
@@ -105,11 +117,12 @@ class Run:
     `with Run(...)` block."""
 
     def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False,
-                 plan_info: dict | None = None):
+                 plan_info: dict | None = None, schedule=None):
         from hetrl.runtime import make_schedule
 
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
-        self.schedule = make_schedule(cfg, env)
+        # `schedule`: one made elsewhere (a population's member); else the one cfg.schedule names
+        self.schedule = schedule if schedule is not None else make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
         self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
@@ -159,6 +172,7 @@ class Run:
         self.cfg.steps = int(steps)   # the config object every part reads (exploration schedules, the ratio)
         self.evaluations.interval = self._eval_interval()
         self.evaluations.start(self.env_steps)
+        self.schedule.extended()
 
     # ---- training ----------------------------------------------------------------------
     def learn(self, progress: bool = True, callback=None, keep_open: bool = False) -> "Run":
@@ -178,9 +192,7 @@ class Run:
                     core.tick()
                     if self.evaluations.due(s.c.env_steps, s.done()):
                         with core.clock_paused():
-                            last = self.last_policy
-                            ev = self.evaluations.run(last.act, last.eval_env, s.c.env_steps, self.algo.policy_state)
-                        logger.scalar("eval/return_mean", ev["eval_return_mean"], s.c.env_steps)
+                            self.evaluate_now(logger)
                     logger.episodes(eps)
                     f = s.figures()
                     logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
@@ -215,9 +227,17 @@ class Run:
             self.schedule.close()
         return self
 
+    def evaluate_now(self, logger: Logger | None = None) -> dict:
+        """One of the evaluations during training: the latest policy, kept if it is the best so far."""
+        last = self.last_policy
+        ev = self.evaluations.run(last.act, last.eval_env, self.env_steps, self.algo.policy_state)
+        if logger is not None:
+            logger.scalar("eval/return_mean", ev["eval_return_mean"], self.env_steps)
+        return ev
+
     def _calibrate(self) -> None:
         """A planned run feeds its measured learner time back into the profile the plan came from,
-        so the next plan on this machine predicts with today's speed (result.json: `calibration`)."""
+        so the next plan on this machine predicts with the learner's speed as last measured (result.json: `calibration`)."""
         plan = self.plan_info.get("plan") or {}
         path = (plan.get("profile") or {}).get("path")
         c = self.schedule.c
@@ -396,12 +416,17 @@ def default_out(cfg: Config) -> Path:
 def prepare(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int | None = None,
             out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
             plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, progress: bool = True,
-            **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
+            hyperparams: str | Path | None = None, **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
     """What `train` does before it trains: the checked config, the run directory (checked writable) and the
-    plan: (cfg with the plan's system settings, out, the plan's figures for result.json)."""
+    plan: (cfg with the plan's system settings, out, the plan's figures for result.json). `hyperparams`: an
+    rl-baselines3-zoo file (hetrl/zoo.py), under `config` and `settings`."""
     if plan not in ("auto", "none"):
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
     over = _overrides(config, {"steps": steps, "seed": seed, **settings})
+    if hyperparams is not None:
+        from hetrl import zoo
+
+        over = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env), **over}
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
     from hetrl import registry
 
@@ -419,7 +444,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
           out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
           save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
           plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, callback=None,
-          **settings: Any) -> Run:
+          seeds: Any = None, sweep: Any = None, hyperparams: str | Path | None = None, **settings: Any) -> Run:
     """Train `algo` (a registered algorithm's name: `hetrl algorithms`) on `env` (an id, 'module:EnvId', or a
     zero-argument env factory).
 
@@ -429,11 +454,31 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     given here (`hetrl plan` shows why; the machine is profiled once and the profile cached); it keeps every
     learning setting, num_envs included, unless allow_more_envs=True lets it raise the env count (the learning
     dynamics change; a num_envs given here is kept); plan="none" runs the settings as given. `out`: a directory
-    to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. Returns the finished Run,
+    to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. `hyperparams`: an
+    rl-baselines3-zoo hyperparameter file (its entry for the env, SB3's defaults for what it leaves out, instead
+    of hetrl's presets; `config` and the keywords win over it; hetrl/zoo.py). Returns the finished Run,
     evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
+
+    `seeds` (a count or a list) and/or `sweep` ({setting: [values]}) train a population, one member per seed x
+    swept value, as one run (hetrl/population.py): the result is a PopulationRun saved in `out`
+    (default runs/ALGO-ENV-popN), its report (IQM and intervals) in out/result.json.
     """
+    if seeds is not None or sweep:
+        from hetrl import population
+
+        if seed is not None:
+            raise UsageError("seed and seeds both given: a population takes its seeds from --seeds (seeds=); "
+                             "drop --seed (seed=)")
+        if hyperparams is not None:   # the file's settings, under the keywords'
+            from hetrl import zoo
+
+            settings = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env),
+                        **settings}
+        return population.train(algo, env, seeds if seeds is not None else 1, sweep, steps, out, force, config,
+                                save_replay, progress, evaluate_episodes, plan, objective, allow_more_envs,
+                                callback, **settings)
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
-                                     progress, **settings)
+                                     progress, hyperparams, **settings)
     if progress:
         print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.schedule}, "
               f"device {cfg.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
@@ -464,7 +509,12 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     (config.SYSTEM_KEYS: schedule, device, threads, actors, envs_per_actor, ray_address, ...), so a
     run started inline on a laptop can continue on a cluster. plan="auto" plans around them."""
     from hetrl.config import SYSTEM_KEYS
+    from hetrl.population import is_population
 
+    if is_population(run_dir):   # every member of a population, continued together
+        from hetrl import population
+
+        return population.resume(run_dir, steps, env, progress, evaluate_episodes, **system)
     ckpt = read_checkpoint(run_dir)
     done = ckpt["counters"]["env_steps"]
     if steps is not None and steps <= done:
@@ -498,7 +548,14 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
 
 
 def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
-    """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save)."""
+    """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save); for a population's directory,
+    {member name: Policy} of every member (a member's own directory, OUT/members/NAME, loads as a run)."""
+    from hetrl.population import is_population
+
+    if is_population(run_dir):
+        from hetrl import population
+
+        return population.load(run_dir, env)
     ckpt = read_checkpoint(run_dir)
     cfg = _saved_config(ckpt)
     env = env or cfg.env

@@ -1,6 +1,7 @@
 """The `hetrl` command.
 
     hetrl train ALGO --env ID [--steps N] [--seed S] [--out DIR] [--set key=value ...] [--config FILE.yaml]
+    hetrl train [ALGO] --env ID --hyperparams rl-zoo/hyperparams/ALGO.yml     (an rl-baselines3-zoo file)
     hetrl train --resume DIR [--steps N] [--schedule S] [--actors N] [--address A] [--set device=...]
     hetrl eval DIR [--episodes N] [--render video|rgb_array]
     hetrl settings ALGO --env ID          (the effective settings: defaults < preset < file < --set)
@@ -31,6 +32,9 @@ def _add_train(sub) -> None:
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
                    help="override a setting (repeatable); see `hetrl settings`")
     p.add_argument("--config", help="YAML file of settings")
+    p.add_argument("--hyperparams", metavar="FILE.yml",
+                   help="an rl-baselines3-zoo hyperparameter file (its entry for --env; ALGO defaults to the file's "
+                        "name); --config and --set win over it")
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
     p.add_argument("--save-replay", action="store_true", help="also save the replay (exact --resume)")
@@ -43,6 +47,10 @@ def _add_train(sub) -> None:
                    help="what --plan auto optimises: env steps/s, or env steps per joule, at the preset's settings")
     p.add_argument("--allow-more-envs", action="store_true",
                    help="let --plan auto change the preset's num_envs for throughput (the learning dynamics change)")
+    p.add_argument("--seeds", metavar="N|S1,S2,...",
+                   help="train a population: N members (seeds 0..N-1) or these seeds, as one run (docs/population.md)")
+    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...", default=[],
+                   help="a population over these values of a setting (repeatable: the grid x the seeds)")
     # schedules (hetrl/runtime/): shorthands for --set schedule=/actors=/envs_per_actor=/ray_address=
     p.add_argument("--schedule", choices=["inline", "local", "ray"],
                    help="inline: one process; local: actor processes + learner (docs/local.md); "
@@ -155,8 +163,8 @@ def cmd_train(args) -> int:
 
     progress = not args.no_progress
     if args.resume:
-        if args.algo or args.env or args.config:
-            raise UsageError("--resume takes the algorithm's settings saved in the run; drop ALGO/--env/--config "
+        if args.algo or args.env or args.config or args.hyperparams:
+            raise UsageError("--resume takes the algorithm's settings saved in the run; drop ALGO/--env/--config/--hyperparams "
                              "(--steps, --schedule, --actors, --envs-per-actor, --address, --plan and system "
                              "settings such as --set device=cuda may change)")
         from hetrl.config import check_value
@@ -167,12 +175,18 @@ def cmd_train(args) -> int:
                          objective=args.objective, **{**sets, **_schedule_flags(args)})
         _summary(run.result, Path(args.resume))
         return _exit_code(run)
+    if args.hyperparams and not args.algo:
+        from hetrl import zoo
+
+        args.algo = zoo.algo_of(args.hyperparams)
     if not args.algo or not args.env:
         raise UsageError("train needs ALGO and --env, e.g. `hetrl train dqn --env CartPole-v1`")
     sets = _checked_sets(args, args.algo)
+    population = {"seeds": args.seeds, "sweep": args.sweep} if args.seeds is not None or args.sweep else {}
     run = api.train(args.algo, env=args.env, steps=args.steps, seed=args.seed, out=args.out or True, force=args.force,
                     config=args.config, save_replay=args.save_replay, progress=progress, plan=args.plan or "auto",
-                    objective=args.objective, allow_more_envs=args.allow_more_envs,
+                    objective=args.objective, allow_more_envs=args.allow_more_envs, hyperparams=args.hyperparams,
+                    **population,
                     **{**sets, **_schedule_flags(args)})
     if run.interrupted and run.interrupted != "callback":
         print(f"hetrl: interrupted ({run.interrupted}) at {run.result['env_steps']:,} env steps; checkpoint saved "
@@ -211,6 +225,9 @@ def _plan_line(plan: dict) -> str:
 
 
 def _summary(result: dict, out: Path) -> None:
+    if "population" in result:
+        _population_summary(result, out)
+        return
     if isinstance(result.get("plan"), dict):
         print(f"hetrl: {_plan_line(result['plan'])}", file=sys.stderr)
     measured = result.get("env_steps_per_s_learning")
@@ -234,13 +251,34 @@ def _summary(result: dict, out: Path) -> None:
     print(f"hetrl: saved {out}/result.json and {out}/checkpoint.pt", file=sys.stderr)
 
 
+def _population_summary(result: dict, out: Path) -> None:
+    """The population's figures and its report table (hetrl report OUT prints it again)."""
+    from hetrl.report.cli import render
+    from hetrl.report.runs import load_population
+    from hetrl.report.summary import row
+
+    keys = ["members", "env_steps", "wall_s", "env_steps_per_s", "lanes", "groups", "learner_kernel"]
+    print(json.dumps({k: result[k] for k in keys if k in result}, default=lambda v: round(v, 2)))
+    if result.get("aggregate"):
+        render([row(g, "best", curve=False) for g in load_population(out)], "best", file=sys.stderr)
+    print(f"hetrl: saved {out}/result.json, {out}/curves.png and every member in {out}/members/", file=sys.stderr)
+
+
 def cmd_eval(args) -> int:
     import numpy as np
 
     from hetrl import api
+    from hetrl.population import is_population
 
     if args.episodes <= 0:
         raise UsageError(f"--episodes must be positive, got {args.episodes}")
+    if is_population(args.dir):   # every member's policy
+        if args.render:
+            raise UsageError("--render takes one run; give a member's directory (DIR/members/NAME)")
+        out = {name: {k: v for k, v in policy.evaluate(args.episodes, seed=args.seed).items() if k != "eval_returns"}
+               for name, policy in api.load(args.dir).items()}
+        print(json.dumps(out, default=lambda v: round(v, 3)))
+        return 0
     policy = api.load(args.dir)
     video_dir = None
     if args.render == "video":

@@ -69,6 +69,9 @@ class Config:
     batch_size: int = 64
     learning_starts: int = 1000
     prioritized: bool = False
+    priority_lag: int = 0               # prioritised replay: a batch may be drawn before the priorities of up to this
+                                        # many earlier batches are written (PEARL's relaxed dependency); 0 = exact PER,
+                                        # the same under every schedule (docs/local.md: Prioritised replay)
     replay_frames: bool = True          # stacked uint8 frames: each frame stored once (hetrl/replay/frames.py)
     per_alpha: float = 0.6
     per_beta: float = 0.4               # annealed linearly to 1.0 over the run
@@ -80,6 +83,8 @@ class Config:
     activation: str = "relu"            # relu | tanh | elu: the hidden layers' activation (SB3's activation_fn)
     layer_norm: bool = False            # a LayerNorm after each hidden layer's Linear, before its activation
     lr: float = 1e-3
+    lr_schedule: str = "constant"       # constant, or linear: lr x the run's progress remaining, down to 0 at its end
+                                        # (rl-zoo's lin_X, SB3's linear schedule; set before each learner call)
     gamma: float = 0.99
     train_freq: int = 256               # env steps per training phase
     gradient_steps: int = 128           # gradient steps per phase; -1 = env steps collected
@@ -112,7 +117,7 @@ class Config:
                                                  "batch_size", "buffer_size", "prioritized", "replay_frames",
                                                  "atari_screen_size")
     SCHEDULE_SETTINGS: ClassVar[tuple[str, ...]] = ("steps", "num_envs", "learning_starts", "train_freq",
-                                                    "gradient_steps", "eval_interval", "eval_episodes")
+                                                    "gradient_steps", "priority_lag", "eval_interval", "eval_episodes")
 
 
 # The system's settings: where and how fast the parts run, never what the agent learns. The
@@ -134,13 +139,15 @@ _CHOICES = {
     "schedule": ("inline", "local", "ray"),
     "env_backend": ("auto", "gymnasium", "envpool"),
     "activation": ("relu", "tanh", "elu"),
+    "lr_schedule": ("constant", "linear"),
     "learner_kernel": KERNELS,
 }
 _POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
              "publish_interval", "log_interval", "replay_shards",
              "frame_stack", "atari_frame_skip", "atari_screen_size")
 _NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "eval_episodes", "eval_interval", "eval_max_steps",
-                 "atari_noop_max", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag")
+                 "atari_noop_max", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag",
+                 "priority_lag")
 
 
 def atari_id(env: str) -> bool:

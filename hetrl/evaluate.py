@@ -83,6 +83,7 @@ def _summary(returns: list[float], lengths: list[int], cut: int = 0) -> dict:
     """cut: episodes stopped at the step limit (not ended by the env)."""
     return {"eval_return_mean": float(np.mean(returns)), "eval_return_std": float(np.std(returns)),
             "eval_episodes": len(returns), "eval_length_mean": float(np.mean(lengths)),
+            "eval_lengths": [int(n) for n in lengths],
             "eval_returns": [float(r) for r in returns], "eval_episodes_cut": cut}
 
 

@@ -35,7 +35,8 @@ def machine_info() -> dict:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     # OpenBLAS picks its kernels for the CPU when it loads, unless OPENBLAS_CORETYPE names others (some machines
-    # set it): the compiled learner's speed depends on it (AVX2 vs AVX-512: 132 vs 247 GFLOP/s on one core here)
+    # set it): the compiled learner's speed depends on it (AVX2 kernels on an AVX-512 CPU: about half the
+    # single-core GEMM rate), so a profile measured under one setting does not hold under another
     blas = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
     return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cores": os.cpu_count() or 1,
             "torch": torch.__version__, "gpus": gpus, "optional": _optional_versions(), "blas_env": blas}

@@ -45,3 +45,34 @@ def test_every_schedule_is_a_schedule_of_the_core():
         assert issubclass(cls, Schedule)
         for name in ("figures", "state_dict", "load_state_dict"):  # written once, in the core
             assert getattr(cls, name) is getattr(Schedule, name), (cls.__name__, name)
+
+
+# what a schedule must not compute itself: the replay ratio and its rate limiter, the priority lag and
+# the restart policy of actors are the learner core's (hetrl/runtime/core.py, ratio.py), written once
+POLICY_NAMES = {"replay_ratio", "grad_debt", "learning_starts", "RatioRule", "RateLimiter", "can_insert", "can_sample",
+                "samples_per_insert", "spi", "min_size", "error_buffer", "min_diff", "max_diff", "priority_lag",
+                "max_lag", "lag_room", "Restarts", "MAX_RESTARTS"}
+
+
+def names_used(module: str) -> set[str]:
+    tree = ast.parse((RUNTIME / f"{module}.py").read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.alias):
+            out.add(node.asname or node.name.split(".")[-1])
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(set().union(*SCHEDULES.values(), {"population"})))
+def test_no_schedule_computes_the_replay_ratio_or_the_restart_policy(module):
+    assert names_used(module) & POLICY_NAMES == set(), module
+
+
+def test_the_learner_core_owns_that_policy():
+    """The names the schedules leave alone are the core's (the rest: gone, or the replay server's side)."""
+    used = names_used("core") | names_used("ratio") | names_used("layout")
+    assert POLICY_NAMES - {"grad_debt", "RateLimiter", "can_sample", "samples_per_insert", "max_diff"} <= used

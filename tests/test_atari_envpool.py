@@ -113,8 +113,8 @@ def test_a_run_with_envpool_actors_logs_games_and_stores_frames_once(schedule, t
 def test_the_planner_times_both_backends_and_the_run_takes_the_faster(tmp_path, monkeypatch):
     from hetrl.api import auto_plan
     from hetrl.planner import plan
-    from hetrl.planner.profile import (cache_path, grid_for, machine_id, machine_info, network_key, run_profile,
-                                       synthetic_table)
+    from hetrl.planner.profile import cache_path, grid_for, machine_id, machine_info, network_key, run_profile
+    from synthetic_profiles import synthetic_table
 
     cfg = make_config("dqn", "CartPole-v1", {})   # a plain id EnvPool has: the cheapest profile
     table = run_profile(cfg, devices=["cpu"], quick=True, measure_power=False)

@@ -240,7 +240,7 @@ def test_killed_actor_is_replaced_and_the_run_finishes(local, capfd):
 
 # ---- rate limiter ---------------------------------------------------------------------------------
 def check_trace(s):
-    rule = s.rule
+    rule = s.core.ratio.rule
     assert s.trace, "no trace"
     for inserts, samples in s.trace:
         diff = inserts * rule.samples_per_insert - samples
@@ -258,13 +258,13 @@ def test_rate_limiter_holds_the_ratio_under_a_slow_learner(local):
     run = Run(cfg, "CartPole-v1")
     s = run.schedule
     s.trace = []
-    learn = s.algo.learn
+    learn = s.core.kernel.learn
 
     def slow_learn(stack, weights):
         time.sleep(0.003 * weights.shape[0])
         return learn(stack, weights)
 
-    s.algo.learn = slow_learn
+    s.core.kernel.learn = slow_learn
     try:
         run_phases(s)
         check_trace(s)
@@ -328,7 +328,7 @@ def test_learner_priorities_reach_the_tree_and_steer_the_next_samples(local):
     run = Run(cfg, "CartPole-v1")
     s = run.schedule
     drawn, hot = [], set()
-    draw, learn = s._batches.draw, s.algo.learn
+    draw, learn = s._batches.draw, s.core.kernel.learn
 
     def record_draw(g):
         item = draw(g)
@@ -346,7 +346,7 @@ def test_learner_priorities_reach_the_tree_and_steer_the_next_samples(local):
         td = torch.tensor([1000.0 if int(k) in hot else 0.0 for k in keys]).view(weights.shape)
         return td
 
-    s._batches.draw, s.algo.learn = record_draw, learn_with_hot_keys
+    s._batches.draw, s.core.kernel.learn = record_draw, learn_with_hot_keys
     try:
         s.phase()
         while calls["n"] == 0:

@@ -16,7 +16,8 @@ import pytest
 from hetrl import registry
 from hetrl.config import SYSTEM_KEYS, Config, make_config
 from hetrl.planner import pins_from_settings, plan
-from hetrl.planner.profile import cache_path, grid_for, machine_info, machine_id, network_key, synthetic_table
+from hetrl.planner.profile import cache_path, grid_for, machine_info, machine_id, network_key
+from synthetic_profiles import synthetic_table
 
 TABLES = {"fast env": dict(env_step_s=20e-6, learn_s={"cpu": 1e-3}),
           "slow env": dict(env_step_s=3e-3, learn_s={"cpu": 1e-3}),     # a slow env would want many envs

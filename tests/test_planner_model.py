@@ -7,8 +7,8 @@ import pytest
 from hetrl.config import Config, make_config
 from hetrl.errors import UsageError
 from hetrl.planner import Plan, Workload, plan, predict
-from hetrl.planner.profile import synthetic_table
 from hetrl.planner.search import SCHEMA, parse_pins, search
+from synthetic_profiles import synthetic_table
 
 BOTH = ("inline", "local")
 # CartPole-like workload: 0.5 gradient steps per env step, batches of 64
@@ -269,16 +269,22 @@ def test_pinning_a_part_where_it_was_not_profiled():
 
 def test_prefetch_is_priced_and_planned_as_the_profile_measured_it():
     """Local schedule: the prefetch thread overlaps sampling with learning only where the profile measured
-    its learner loop faster with it; otherwise the model prices the draw in line and the plan turns it off."""
+    its learner loop faster with it; otherwise the model prices the draw in line and the plan turns it off.
+    Prioritized replay prefetches only where the priority lag leaves room (exact PER never does)."""
     import dataclasses
 
     from hetrl.planner.profile import prefetch_key
 
-    per = dataclasses.replace(WORK, prioritized=True)
+    per = dataclasses.replace(WORK, prioritized=True, priority_lag=1)
     plan_ = Plan("local", 1, 1, threads=1)
     in_line = predict(plan_, synthetic_table(), dataclasses.replace(per, prefetch=False), cores=2)
     unmeasured = predict(plan_, synthetic_table(), per, cores=2)           # no figure: the runtime's default, on
     assert unmeasured.times["main_per_grad"] < in_line.times["main_per_grad"]
+    exact = dataclasses.replace(per, priority_lag=0)
+    assert predict(plan_, synthetic_table(), exact, cores=2).times["main_per_grad"] == \
+        pytest.approx(predict(plan_, synthetic_table(), dataclasses.replace(exact, prefetch=False), cores=2)
+                      .times["main_per_grad"])
+    assert search(synthetic_table(), exact, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=2).prefetch is False
     for pays in (False, True):
         t = synthetic_table()
         t.data["prefetch"] = {prefetch_key(True, 1): {"group": 1, "serial_s": 5e-4, "prefetch_s": 5.4e-4 if not pays

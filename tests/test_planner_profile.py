@@ -34,7 +34,7 @@ def test_measure_reports_a_spread():
 
 
 def test_profile_writes_rereads_and_refreshes_its_cache(cache):
-    cfg = make_config("dqn", "CartPole-v1", TINY)
+    cfg = make_config("dqn", "CartPole-v1", {**TINY, "priority_lag": 1})   # (a lag that lets PER prefetch)
     t1 = load_or_profile(cfg, quick=True)
     path = cache_path(cfg)
     assert path.exists() and path.parent == cache and not t1.from_cache
@@ -45,8 +45,12 @@ def test_profile_writes_rereads_and_refreshes_its_cache(cache):
                     "transfer", "power"):
         assert doc[section], section
     assert set(doc["env"]) == {"1", "2"}
-    # the local schedule's learner loop, with and without its prefetch thread, for both kinds of replay
+    # the local schedule's learner loop, with and without its prefetch thread, for both kinds of replay; prioritized
+    # replay's only where its priority lag leaves room for a prefetch (exact PER, the default, never prefetches)
     assert set(doc["prefetch"]) == set(doc["grid"]["prefetch"]) == {"uniform:8", "prioritized:1"}  # TINY: 8 steps a phase
+    from hetrl.planner.profile import grid_for
+
+    assert grid_for(make_config("dqn", "CartPole-v1", TINY), quick=True)["prefetch"] == ["uniform:8"]
     for name, p in doc["prefetch"].items():
         assert p["serial_s"] > 0 and p["prefetch_s"] > 0
         assert p["chosen"] == (p["prefetch_s"] < (1 - PREFETCH_MARGIN) * p["serial_s"])

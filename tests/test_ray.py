@@ -58,6 +58,48 @@ def test_server_sample_shapes_and_state_round_trip():
     np.testing.assert_array_equal(a[1], b[1])              # same tree, same RNG state: same draw
 
 
+def test_a_sample_waits_for_the_priorities_sent_before_it():
+    """Calls to a threaded Ray actor may run in any order: a sample that names the priority updates its
+    caller sent before it waits until they are written (the learner core's priority lag holds there too)."""
+    s = ReplayServer(100, SPEC, prioritized=True, alpha=1.0, samples_per_insert=100.0, min_size=1, error_buffer=1e6,
+                     seed=0)
+    s.insert(batch(50))
+    _, keys, _, _ = s.sample(1, 8)
+    assert s.sample(1, 8, timeout=0.01, after=1) is None          # that update is not in yet
+    t = threading.Timer(0.05, s.update_priorities, (keys, np.where(keys == keys[0], 1e6, 0.0)))
+    t.start()
+    got = s.sample(1, 64, timeout=5.0, after=1)
+    t.join()
+    assert got is not None and s.stats()["priority_updates"] == 1
+    assert (got[1] == keys[0]).mean() > 0.9                        # drawn from the tree that holds the update
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_prioritised_replay_gives_the_same_batches_and_priorities_from_the_server(group):
+    """The same data, seed and order of draws and priority updates (the order the learner core's priority lag
+    imposes under every schedule) give the same keys, weights and priorities from the ray schedule's replay
+    server as from the replay buffer of the inline and local schedules: prioritised learning does not depend
+    on the schedule."""
+    from hetrl.replay import ReplayBuffer
+
+    rb = ReplayBuffer(200, SPEC, prioritized=True, seed=5)
+    server = ReplayServer(200, SPEC, prioritized=True, seed=5, samples_per_insert=1e3, min_size=1, error_buffer=1e9)
+    for part in (batch(120), batch(80, 120)):
+        rb.insert(part)
+        server.insert(part)
+    B = 16
+    for step in range(12):
+        beta = 0.4 + 0.05 * step
+        _, keys, weights = rb.sample(group * B, beta=beta)
+        _, keys_s, weights_s, _ = server.sample(group, B, beta, timeout=1.0, after=step)
+        np.testing.assert_array_equal(keys, keys_s)
+        np.testing.assert_array_equal(weights.numpy().reshape(group, B), weights_s)
+        td = np.abs(np.sin(0.37 * keys + step)) * 10          # the learner's |TD|, the same under both
+        rb.update_priorities(keys, td)
+        server.update_priorities(keys_s, td)
+    np.testing.assert_array_equal(rb.tree.get(np.arange(200)), server.replay.tree.get(np.arange(200)))
+
+
 # ---- on a real Ray instance ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def local_ray():
@@ -96,6 +138,27 @@ def test_ray_schedule_runs_and_reports(local_ray, tmp_path):
     assert r["actor_restarts"] == 0 and r["ray_nodes"] == 1
     assert 0 <= r["policy_lag_max"] <= r["policy_lag_bound"]
     assert ray.is_initialized()  # the caller's Ray is left running
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("schedule", ["inline", "local", "ray"])
+def test_the_priority_lag_applies_the_same_under_every_schedule(local_ray, schedule):
+    """Prioritised replay is exact under every schedule by default (each batch drawn from a tree that holds
+    every earlier batch's priorities: no prefetch under ray or local), and priority_lag relaxes all of them
+    alike; the replay ratio is the core's too, the same gradient steps whatever the schedule."""
+    import hetrl
+
+    settings = dict(steps=800, learning_starts=200, train_freq=100, gradient_steps=10, batch_size=32, buffer_size=2000,
+                    net_arch=[32, 32], num_envs=4, eval_episodes=0, threads=1, prioritized=True)
+    if schedule != "inline":
+        settings.update(actors=1, envs_per_actor=4, ray_actor_cpus=0.5)
+    for lag in (0, 3):
+        r = hetrl.train("dqn", "CartPole-v1", plan="none", seed=0, schedule=schedule, priority_lag=lag, progress=False,
+                        evaluate_episodes=0, **settings).result
+        assert r["priority_lag"] == lag and 0 <= r["priority_lag_max"] <= lag, r
+        assert r["gradient_steps"] == (r["env_steps"] - 200) // 10
+        if lag:   # batches drawn two at a time ((lag + 1) // 2), under every schedule
+            assert r["priority_lag_max"] >= 1
 
 
 @pytest.mark.ray

@@ -32,10 +32,9 @@ def test_td3_target_is_the_twin_min_with_clipped_smoothing_noise():
     cfg = make_config("td3", "Pendulum-v1", {"net_arch": [16], "target_policy_noise": 5.0, "target_noise_clip": 0.3})
     algo = make_algorithm(cfg, *SPACES)
     b = {k: v[0] for k, v in batch().items()}
-    torch.manual_seed(7)
+    algo.rng.manual_seed(7)                                  # the learner's own generator
     got = algo.target(b)
-    torch.manual_seed(7)
-    noise = (torch.randn(8, 2) * 5.0).clamp(-0.3, 0.3)      # the clip binds: std 5 >> 0.3
+    noise = (torch.randn(8, 2, generator=torch.Generator().manual_seed(7)) * 5.0).clamp(-0.3, 0.3)  # std 5 >> 0.3
     with torch.no_grad():
         a = (algo.actor_target(b["next_obs"]) + noise).clamp(-1, 1)
         q = torch.min(algo.critics_target[0](b["next_obs"], a), algo.critics_target[1](b["next_obs"], a))
@@ -108,21 +107,21 @@ def test_sac_log_prob_is_the_tanh_squashed_gaussian():
 
 def test_sac_critic_target_is_the_soft_twin_min_of_a_fresh_next_action():
     """|TD| returned by learn against the hand computation: y = r + gamma**n (1 - d) (min Q_t(s', a') - alpha log pi(a'|s'))
-    with a' drawn after the policy sample for the actor/alpha losses (torch's RNG, in that order)."""
+    with a' drawn after the policy sample for the actor/alpha losses (the learner's generator, in that order)."""
     cfg = make_config("sac", "Pendulum-v1", {"net_arch": [16], "ent_coef": "0.3"})
     algo = make_algorithm(cfg, *SPACES)
     bb = batch()
     b = {k: v[0] for k, v in bb.items()}
-    torch.manual_seed(5)
-    torch.randn(8, 2)                                                 # the policy sample on s
-    eps = torch.randn(8, 2)                                           # the sample on s'
+    g = torch.Generator().manual_seed(5)
+    torch.randn(8, 2, generator=g)                                    # the policy sample on s
+    eps = torch.randn(8, 2, generator=g)                              # the sample on s'
     with torch.no_grad():
         a2, logp2 = algo.actor.sample(b["next_obs"], eps)
         t1, t2 = algo.critics_target
         y = b["reward"] + cfg.gamma ** b["steps"].float() * (~b["terminated"]).float() * (
             torch.min(t1(b["next_obs"], a2), t2(b["next_obs"], a2)) - 0.3 * logp2)
         want = sum((q(b["obs"], b["action"]) - y).abs() for q in algo.critics) / 2
-    torch.manual_seed(5)
+    algo.rng.manual_seed(5)
     torch.testing.assert_close(algo.learn(bb, torch.ones(1, 8))[0], want)
 
 

@@ -65,21 +65,29 @@ class ExploreTable:
 
 
 class Actor:
+    """`num_envs` envs stepped as one vector by `policy`. With `groups` > 1 the envs are that many equal groups
+    (a population's members, side by side: group g is envs g*n .. g*n+n-1): a run's last, partial vector step
+    keeps the same first envs of every group, each batch row says its env (`env`), and each finished episode its
+    env (`episode_envs`); `seeds` gives every env its own reset seed (default seed, seed + 1, ...)."""
+
     def __init__(self, env: EnvSpec, num_envs: int, seed: int, policy: ActingPolicy,
-                 n_step: int = 1, gamma: float = 0.99, backend: str = "gymnasium"):
+                 n_step: int = 1, gamma: float = 0.99, backend: str = "gymnasium", groups: int = 1,
+                 seeds: list[int] | None = None):
         self.venv = make_vector_env(env, num_envs, seed, backend)
         self.num_envs = num_envs
+        self.groups, self.group_envs = groups, num_envs // groups
         # episodes to log: the env's own statistics of whole games where it keeps them (Atari trains on
         # lives with clipped rewards), else the returns this actor sums
         self.games = bool(getattr(env, "reports_games", False))
         self.policy = policy
         self.adder = NStepAdder(n_step, gamma, num_envs)
-        self.obs, _ = self.venv.reset(seed=[seed + i for i in range(num_envs)])
+        self.obs, _ = self.venv.reset(seed=list(seeds) if seeds is not None else [seed + i for i in range(num_envs)])
         self.env_steps = 0
         self.params_version = -1
         self._ep_return = np.zeros(num_envs)
         self._ep_len = np.zeros(num_envs, dtype=np.int64)
         self.episodes: list[tuple[float, int]] = []   # finished (return, length), drained by the caller
+        self.episode_envs: list[int] = []              # the env of each of them (groups > 1 only)
 
     def load(self, state: dict, version: int) -> None:
         self.policy.load(state)
@@ -101,8 +109,9 @@ class Actor:
         rows = 0
         target = self.env_steps + n
         end = self.env_steps + (limit if limit is not None else n + self.num_envs)
+        G, ge = self.groups, self.group_envs
         while self.env_steps < target:
-            keep = min(self.num_envs, end - self.env_steps)   # < num_envs only on a run's last step
+            keep = min(ge, (end - self.env_steps) // G)   # < ge only on a run's last step (then of every group)
             env_action, stored_action = self.policy.act(self.obs, explore(self.env_steps))
             obs, reward, terminated, truncated, info = self.venv.step(env_action)
             done = terminated | truncated
@@ -112,8 +121,10 @@ class Actor:
                 for i in np.flatnonzero(done):
                     next_obs[i] = info["final_obs"][i]
             batch = self.adder.add(self.obs, stored_action, reward, next_obs, terminated, truncated)
-            if batch is not None and keep < self.num_envs:
-                mask = self.adder.last_envs < keep
+            if batch is not None and G > 1:
+                batch["env"] = self.adder.last_envs
+            if batch is not None and keep < ge:
+                mask = self.adder.last_envs % ge < keep
                 batch = {k: v[mask] for k, v in batch.items()} if mask.any() else None
             if batch is not None:
                 k = len(batch["obs"])
@@ -131,11 +142,13 @@ class Actor:
                 for i in np.flatnonzero(done):
                     if not self.games:
                         self.episodes.append((float(self._ep_return[i]), int(self._ep_len[i])))
+                        if G > 1:
+                            self.episode_envs.append(int(i))
                 self._ep_return[done] = 0.0
                 self._ep_len[done] = 0
                 self.policy.episode_end(done)
             self.obs = obs
-            self.env_steps += keep
+            self.env_steps += keep * G
         if out is not None:
             return rows
         if not parts:
@@ -151,9 +164,12 @@ class Actor:
             return
         for i in np.flatnonzero(final["_episode"]):
             self.episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
+            if self.groups > 1:
+                self.episode_envs.append(int(i))
 
     def drain_episodes(self) -> list[tuple[float, int]]:
         eps, self.episodes = self.episodes, []
+        self.episode_envs = []
         return eps
 
     def close(self) -> None:

@@ -941,7 +941,7 @@ def ac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> t
     cfg, b, nets = algo.cfg, batches, _nets_of(algo)
     K, B, A = b["action"].shape
     if algo.name == "td3":   # standard normals, scaled and clipped in the kernel (_smoothed)
-        noise = torch.randn(K, B, A) if K == 1 else torch.stack([torch.randn(B, A) for _ in range(K)])
+        noise = torch.stack([torch.randn(B, A, generator=algo.rng) for _ in range(K)])
         smooth = np.array([cfg.target_policy_noise, cfg.target_noise_clip], np.float32)
         n_critics, delay = 2, int(cfg.policy_delay)
     else:
@@ -975,7 +975,7 @@ def sac_phase(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> 
     cfg, b, nets = algo.cfg, batches, _nets_of(algo)
     K, B = weights.shape
     A = b["action"].shape[-1]
-    noise = torch.stack([torch.randn(B, A) for _ in range(2 * K)]).view(K, 2, B, A)
+    noise = torch.stack([torch.randn(B, A, generator=algo.rng) for _ in range(2 * K)]).view(K, 2, B, A)
     (af, ag, am, av, ast), (alr, b1, b2, eps) = _adam(algo.actor_opt)
     (cf, cg, cm, cv, cst), (clr, *_) = _adam(algo.critic_opt)
     learn_alpha = algo.alpha_opt is not None

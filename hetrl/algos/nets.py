@@ -126,9 +126,11 @@ def flatten(module: nn.Module) -> torch.Tensor:
 
 class FlatAdam:
     """Adam over every parameter of `module`, stored in one flat buffer (create it after the
-    module is on its device; the module's parameters become views of the buffer)."""
+    module is on its device; the module's parameters become views of the buffer); `betas` as
+    torch.optim.Adam's."""
 
-    def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0, eps: float = 1e-8):
+    def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0, eps: float = 1e-8,
+                 betas: tuple[float, float] = (0.9, 0.999)):
         params = self.params = list(module.parameters())
         ref = params[0]
         self.flat = flatten(module)
@@ -141,7 +143,7 @@ class FlatAdam:
         self.param.grad = self.grad
         self.max_grad_norm = max_grad_norm
         self.fused = ref.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-        self.opt = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=self.fused)
+        self.opt = torch.optim.Adam([self.param], lr=lr, betas=betas, eps=eps, fused=self.fused)
 
     def step(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` into this module's gradients and take an Adam step."""

@@ -66,19 +66,27 @@ class GaussianActor(nn.Module):
         h = self.body(obs.flatten(start_dim=-self.obs_ndim) if self.obs_ndim > 1 else obs)
         return self.mean(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def sample(self, obs: torch.Tensor, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a = tanh(u), log pi(a|s)) for u = mean + std * eps, eps ~ N(0, 1) (torch's RNG) unless given."""
+    def sample(self, obs: torch.Tensor, eps: torch.Tensor | None = None,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a = tanh(u), log pi(a|s)) for u = mean + std * eps, eps ~ N(0, 1) (from `generator`) unless given."""
         mean, log_std = self(obs)
-        eps = torch.randn_like(mean) if eps is None else eps
-        u = mean + log_std.exp() * eps
-        log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-        return torch.tanh(u), log_prob
+        if eps is None:
+            eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return squash(mean, log_std, eps)
+
+
+def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a = tanh(u), log pi(a|s)) for u = mean + std * eps (the squashed Gaussian; CrossQ's too)."""
+    u = mean + log_std.exp() * eps
+    log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), log_prob
 
 
 class SACPolicy:
     """Samples from the squashed Gaussian on a snapshot of the actor (runs in actors; noise from its own
-    numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds."""
+    numpy RNG); stores actions in [-1, 1], gives the env actions rescaled to its Box bounds. Its network is any
+    module whose forward gives (mean, log_std) of the Gaussian before the tanh (SAC's, CrossQ's)."""
 
     def __init__(self, net: GaussianActor, low: np.ndarray, high: np.ndarray, seed: int, device: str = "cpu"):
         self.net, self.device = net.to(device).eval(), device
@@ -105,8 +113,8 @@ class SACPolicy:
             a = self.rng.uniform(-1.0, 1.0, (n, len(self.low))).astype(np.float32)
         else:
             eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
-            a, _ = self.net.sample(torch.as_tensor(obs, dtype=torch.float32, device=self.device),
-                                   torch.from_numpy(eps).to(self.device))
+            mean, log_std = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+            a, _ = squash(mean, log_std, torch.from_numpy(eps).to(self.device))
             a = a.cpu().numpy()
         return self.scale(a), a
 
@@ -178,14 +186,14 @@ class SAC(Algorithm):
         t1, t2 = self.critics_target
         for k in range(weights.shape[0]):
             b, w = {key: v[k] for key, v in batches.items()}, weights[k]
-            a, logp = self.actor.sample(b["obs"])
+            a, logp = self.actor.sample(b["obs"], generator=self.rng)
             alpha = self.log_alpha.detach().exp()
             if self.alpha_opt is not None:
                 self.alpha_opt.zero_grad()
                 (-(self.log_alpha * (logp.detach() + self.target_entropy)).mean()).backward()
                 self.alpha_opt.step()
             with torch.no_grad():
-                next_a, next_logp = self.actor.sample(b["next_obs"])
+                next_a, next_logp = self.actor.sample(b["next_obs"], generator=self.rng)
                 next_q = torch.min(t1(b["next_obs"], next_a), t2(b["next_obs"], next_a)) - alpha * next_logp
                 target = b["reward"] + cfg.gamma ** b["steps"].float() * (~b["terminated"]).float() * next_q
             td1, td2 = q1(b["obs"], b["action"]) - target, q2(b["obs"], b["action"]) - target

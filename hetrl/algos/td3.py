@@ -73,10 +73,11 @@ class TD3(NoisyActing):  # acting: DDPG's, mu(s) plus Gaussian noise
     # ---- learning side -----------------------------------------------------------------------
     @torch.no_grad()
     def target(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The twin-min target with target policy smoothing (draws the smoothing noise from torch's RNG)."""
+        """The twin-min target with target policy smoothing (the smoothing noise from the learner's generator)."""
         cfg = self.cfg
-        noise = (torch.randn_like(b["action"]) * cfg.target_policy_noise).clamp(-cfg.target_noise_clip,
-                                                                              cfg.target_noise_clip)
+        a = b["action"]
+        eps = torch.randn(a.shape, generator=self.rng, device=a.device, dtype=a.dtype)
+        noise = (eps * cfg.target_policy_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
         next_a = (self.actor_target(b["next_obs"]) + noise).clamp(-1.0, 1.0)
         t1, t2 = self.critics_target
         next_q = torch.min(t1(b["next_obs"], next_a), t2(b["next_obs"], next_a))

@@ -32,18 +32,8 @@ import time
 import torch
 from torch import nn
 
+from hetrl.algorithm import optimizers  # noqa: F401  (where the learner's optimizers are found)
 from hetrl.kernels.kernel import Kernel
-
-
-def optimizers(algo) -> list[torch.optim.Optimizer]:
-    """The torch optimizers an algorithm object holds (FlatAdam wraps one as .opt)."""
-    out = []
-    for v in vars(algo).values():
-        if isinstance(v, torch.optim.Optimizer):
-            out.append(v)
-        elif isinstance(getattr(v, "opt", None), torch.optim.Optimizer):
-            out.append(v.opt)
-    return out
 
 
 def owned_tensors(algo) -> list[torch.Tensor]:
@@ -73,18 +63,25 @@ def owned_tensors(algo) -> list[torch.Tensor]:
     return list(found.values())
 
 
-def snapshot(algo) -> tuple[list, int, set[int]]:
-    """What `restore` puts back: a copy of every tensor the learner owns, its `updates` counter, and
-    which optimizer state existed (Adam makes its moments at the first step)."""
+def _generators(algo) -> list[torch.Generator]:
+    return [v for v in vars(algo).values() if isinstance(v, torch.Generator)]
+
+
+def snapshot(algo) -> tuple[list, int, set[int], list]:
+    """What `restore` puts back: a copy of every tensor the learner owns, its `updates` counter, which
+    optimizer state existed (Adam makes its moments at the first step) and its generators' states."""
     owned = owned_tensors(algo)
-    return [(t, t.detach().clone()) for t in owned], algo.updates, {id(t) for t in owned}
+    return ([(t, t.detach().clone()) for t in owned], algo.updates, {id(t) for t in owned},
+            [(g, g.get_state()) for g in _generators(algo)])
 
 
 @torch.no_grad()
 def restore(algo, saved: tuple[list, int, set[int]]) -> None:
     """Back to the snapshot, in place (the buffers a graph reads stay the same objects); optimizer state
     made since is zeroed: zero moments at step 0, as a fresh Adam's."""
-    tensors, updates, known = saved
+    tensors, updates, known, generators = saved
+    for g, state in generators:
+        g.set_state(state)
     for t, v in tensors:
         t.copy_(v)
     for opt in optimizers(algo):
@@ -110,40 +107,91 @@ def applies(algo, steps: int) -> bool:
     return fits(algo, steps)
 
 
-class _Graph:
-    """One captured learn call on static inputs of one shape."""
+def _capturable(algo) -> None:
+    for opt in optimizers(algo):
+        for group in opt.param_groups:
+            group["capturable"] = True
+        for state in opt.state.values():   # step counts on the GPU, beside their parameters
+            if isinstance(state.get("step"), torch.Tensor) and state["step"].device != algo.device:
+                state["step"] = state["step"].to(algo.device)
 
-    def __init__(self, algo, batches: dict[str, torch.Tensor], weights: torch.Tensor, warmup: int = 3):
-        self.algo = algo
-        self.inputs = {k: v.clone() for k, v in batches.items()}
-        self.weights = weights.clone()
-        for opt in optimizers(algo):
-            for group in opt.param_groups:
-                group["capturable"] = True
-            for state in opt.state.values():   # step counts on the GPU, beside their parameters
-                if isinstance(state.get("step"), torch.Tensor) and state["step"].device != algo.device:
-                    state["step"] = state["step"].to(algo.device)
-        saved = snapshot(algo)
+
+class _Graph:
+    """One captured learn call of each of `algos` on static inputs of one shape. Several learners (a population's
+    members) are captured as branches of one graph, each on its own stream: the GPU runs their small kernels
+    side by side instead of one learner's after another's."""
+
+    def __init__(self, algos: list, batches: list[dict[str, torch.Tensor]], weights: list[torch.Tensor],
+                 warmup: int = 3):
+        self.algos = algos
+        self.inputs = [{k: v.clone() for k, v in b.items()} for b in batches]
+        self.weights = [w.clone() for w in weights]
+        for algo in algos:
+            _capturable(algo)
+        saved = [snapshot(algo) for algo in algos]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup):
-                algo.learn(self.inputs, self.weights)
+                for algo, inputs, w in zip(algos, self.inputs, self.weights):
+                    algo.learn(inputs, w)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
+        branches = [torch.cuda.Stream() for _ in algos] if len(algos) > 1 else []
         with torch.cuda.graph(self.graph):
-            self.out = algo.learn(self.inputs, self.weights)
-        self.step_updates = (algo.updates - saved[1]) // (warmup + 1)
-        restore(algo, saved)   # no update taken twice; Adam's state made by the warm-up starts fresh
+            if branches:   # fork from the capturing stream, one branch per learner, joined at the end
+                capture = torch.cuda.current_stream()
+                self.out = []
+                for algo, stream, inputs, w in zip(algos, branches, self.inputs, self.weights):
+                    stream.wait_stream(capture)
+                    with torch.cuda.stream(stream):
+                        self.out.append(algo.learn(inputs, w))
+                for stream in branches:
+                    capture.wait_stream(stream)
+            else:
+                self.out = [algos[0].learn(self.inputs[0], self.weights[0])]
+        self.step_updates = [(algo.updates - sv[1]) // (warmup + 1) for algo, sv in zip(algos, saved)]
+        for algo, sv in zip(algos, saved):
+            restore(algo, sv)   # no update taken twice; Adam's state made by the warm-up starts fresh
         torch.cuda.synchronize()
 
-    def __call__(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
-        for k, v in batches.items():
-            self.inputs[k].copy_(v, non_blocking=True)
-        self.weights.copy_(weights, non_blocking=True)
+    def replay(self, batches: list[dict[str, torch.Tensor]], weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        for inputs, b, static, w in zip(self.inputs, batches, self.weights, weights):
+            for k, v in b.items():
+                inputs[k].copy_(v, non_blocking=True)
+            static.copy_(w, non_blocking=True)
         self.graph.replay()
-        self.algo.updates += self.step_updates
-        return self.out.clone()
+        for algo, n in zip(self.algos, self.step_updates):
+            algo.updates += n
+        return [o.clone() for o in self.out]
+
+
+def _shape_key(batches: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple:
+    return (tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batches.items())), tuple(weights.shape))
+
+
+class MembersGraph:
+    """The phases of a population's members (learners on one GPU) replayed together from one CUDA graph per
+    phase shape (hetrl/runtime/population.py); members' phases run as parallel branches."""
+
+    def __init__(self, algos: list, max_graphs: int = 2):
+        self.algos, self.max_graphs = algos, max_graphs
+        self.graphs: dict[tuple, _Graph] = {}
+        self.compile_s = 0.0
+
+    def applies(self, steps: int) -> bool:
+        return all(applies(a, steps) for a in self.algos)
+
+    def learn(self, batches: list[dict[str, torch.Tensor]], weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        key = _shape_key(batches[0], weights[0])
+        graph = self.graphs.get(key)
+        if graph is None:
+            if len(self.graphs) >= self.max_graphs or not self.applies(int(weights[0].shape[0])):
+                return [a.learn(b, w) for a, b, w in zip(self.algos, batches, weights)]
+            t = time.perf_counter()
+            graph = self.graphs[key] = _Graph(self.algos, batches, weights)
+            self.compile_s += time.perf_counter() - t
+        return graph.replay(batches, weights)
 
 
 class CudaGraphKernel(Kernel):
@@ -161,6 +209,8 @@ class CudaGraphKernel(Kernel):
         device = getattr(algo, "device", torch.device("cpu"))
         if device.type != "cuda":
             return f"the CUDA-graph kernel replays a GPU learner; this one is on {device}"
+        if getattr(getattr(algo, "cfg", None), "lr_schedule", "constant") != "constant":
+            return "a learning-rate schedule changes lr between phases, which a captured graph keeps fixed"
         return None
 
     @property
@@ -168,13 +218,13 @@ class CudaGraphKernel(Kernel):
         return self.compile_s
 
     def _graph(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> "_Graph | None":
-        key = (tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batches.items())), tuple(weights.shape))
+        key = _shape_key(batches, weights)
         graph = self.graphs.get(key)
         if graph is None:
             if len(self.graphs) >= self.max_graphs or not applies(self.algo, int(weights.shape[0])):
                 return None
             t = time.perf_counter()
-            graph = self.graphs[key] = _Graph(self.algo, batches, weights)
+            graph = self.graphs[key] = _Graph([self.algo], [batches], [weights])
             self.compile_s += time.perf_counter() - t
         return graph
 
@@ -186,7 +236,7 @@ class CudaGraphKernel(Kernel):
         graph = self._graph(batches, weights)
         if graph is None:
             return self.algo.learn(batches, weights)
-        return graph(batches, weights)
+        return graph.replay([batches], [weights])[0]
 
     def figures(self) -> dict:
         return {"cuda_graphs": len(self.graphs)}

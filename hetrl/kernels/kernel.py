@@ -16,6 +16,7 @@ import torch
 
 class Kernel:
     name = "?"
+    releases_gil = False     # its learn runs without Python's GIL (a population's members then learn side by side)
 
     def __init__(self, algo, **options):
         self.algo = algo

@@ -7,7 +7,7 @@
     cfg = result.apply(cfg)         # the same, applied (validated Config)
     result.to_json()                # plan, predicted figures, runners-up, bottleneck (docs/planner.md)
 
-Parts: profile.py (measure + cache), model.py (the formulas), search.py (candidates, objective,
+Parts: profile/ (measure, one module per part of the protocol, + the cached table), model.py (the formulas), search.py (candidates, objective,
 pins), power.py (RAPL / NVML / estimated watts), explain.py (tables), cli.py (`hetrl profile`,
 `hetrl plan`).
 """

@@ -75,11 +75,32 @@ def cmd_plan(args) -> int:
     result = plan(cfg, objective=args.objective, pins=pins, cores=cores,
                   placement="all" if args.all_placements else "runnable", refresh=args.refresh,
                   quick=args.quick, progress=_progress(), top=args.top, allow_more_envs=more)
+    pop = _population_plan(args, cfg, result) if args.seeds is not None or args.sweep else None
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps({**result.to_json(), **({"population": pop.to_json()} if pop else {})}))
     else:
         render_plan(result)
+        if pop:
+            print(f"population: {pop.describe()}")
     return 0
+
+
+def _population_plan(args, cfg, result):
+    """How a population of cfg's algorithm is grouped: its members, the kernel the profile chose, the cores."""
+    import os
+
+    from hetrl.kernels import Choice, kernel_class
+    from hetrl.planner.population import plan_population
+    from hetrl.population import parse_seeds, parse_sweep
+
+    seeds, sweep = parse_seeds(args.seeds if args.seeds is not None else 1), parse_sweep(args.sweep)
+    members = len(seeds)
+    for values in sweep.values():
+        members *= len(values)
+    device = result.plan.learner_device
+    choice = Choice.from_json(result.kernel) if result.kernel else Choice()
+    return plan_population(members, result.cores or os.cpu_count() or 1, choice.name,
+                           bool(getattr(kernel_class(choice.name), "releases_gil", False)), device=device)
 
 
 def register(subparsers) -> None:
@@ -100,7 +121,7 @@ def register(subparsers) -> None:
     q = subparsers.add_parser("plan", help="show the best placement for ALGO on an env, with predicted figures",
                               description="Pick the plan (schedule, actors, envs per actor, devices, threads) "
                                           "with the best predicted throughput or efficiency; see docs/planner.md.")
-    q.add_argument("algo", nargs="?", help="dqn, ddpg, td3 or sac")
+    q.add_argument("algo", nargs="?", help="a registered algorithm (`hetrl algorithms`)")
     q.add_argument("--env", help="Gymnasium id, e.g. CartPole-v1")
     q.add_argument("--objective", choices=OBJECTIVES, default="throughput",
                    help="throughput: env steps/s at the preset's settings (replay ratio, envs); efficiency: env "
@@ -123,4 +144,8 @@ def register(subparsers) -> None:
     q.add_argument("--refresh", action="store_true", help="re-profile first")
     q.add_argument("--quick", action="store_true", help="if no profile is cached, measure a tiny grid (smoke tests)")
     q.add_argument("--json", action="store_true", help="print the result as one JSON object (docs/planner.md)")
+    q.add_argument("--seeds", metavar="N|S1,S2,...", help="plan a population: how its members are grouped into "
+                                                          "processes and lanes (docs/population.md)")
+    q.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...", default=[],
+                   help="a population over these values of a setting, as for train")
     q.set_defaults(func=cmd_plan)

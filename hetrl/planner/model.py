@@ -11,7 +11,7 @@ Symbols (seconds, from the profile table; w = envs per actor, N = actors, B = ba
 b = bytes per transition, rr = replay ratio = gradient steps per env step, C = cores, t = learner
 threads (1 when the learner is on a GPU: its host thread drives it), k = gradient steps per
 sample/learn call (inline + uniform replay: a whole phase; local + uniform: up to 32; prioritized:
-1), n = env steps per insert (inline: train_freq; local: its chunk), p = 1 if prioritized else 0,
+(priority_lag + 1) // 2, at least 1), n = env steps per insert (inline: train_freq; local: its chunk), p = 1 if prioritized else 0,
 x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
 
     a  = act(w, inference device) / w                        actor time per env step (one core)
@@ -23,7 +23,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     g  = s + l + u + y               main process, wall time per gradient step
        = max(s, l) + u + y           local with prefetch: sampling overlaps learning (PEARL's max),
                                      where the profile measured the prefetch thread faster than the
-                                     draw in line for a learner on L (else the plan turns it off)
+                                     draw in line for a learner on L (else the plan turns it off);
+                                     never with exact PER (priority_lag 0): a batch is drawn only
+                                     once every earlier batch's priorities are written
     gc = s + t l + u + y             main process, core-seconds per gradient step
     m  = i + rr g,   mc = i + rr gc  per env step
 
@@ -33,9 +35,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
               C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
               l x (1 + (SPIN - 1) rho) when t > 1 and N + t > P: a multi-threaded learner whose
               OpenMP threads share cores with actor processes waits at its barriers for a thread
-              that a busy actor displaced (4.6x slower next to a spinning process in a
-              microbenchmark here; SPIN = 2 fits the benchmarked runs, whose actors block and
-              wake); rho = min(1, X a), the cores the actors keep busy (from a first pass)
+              that a busy actor displaced (about 4x slower next to a process that spins on the
+              same core; SPIN = 2 fits runs whose actors block and wake, as hetrl's do);
+              rho = min(1, X a), the cores the actors keep busy (from a first pass)
     P = the machine's cores; C may be fewer, a fraction even: the cores that are ours on a machine
     shared with other programs (see load.py); inline then also gets X <= C / (a + mc) when C < t
 
@@ -54,7 +56,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from hetrl.planner.profile import ProfileTable
-from hetrl.runtime.layout import chunk_size, grads_per_phase, group_size
+from hetrl.runtime.layout import chunk_size, grads_per_phase, group_size, prefetch_fits
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
@@ -148,13 +150,15 @@ class Workload:
     insert_chunk: int = 0            # local: env steps per insert message (0 = auto)
     batched_insert: bool = True
     num_envs: int = 0                # envs in all, owned by the preset (0: the planner may choose them)
+    priority_lag: int = 0            # prioritized: batches drawn before earlier ones' priorities are written
 
     @classmethod
     def from_config(cls, cfg, allow_more_envs: bool = False) -> "Workload":
         return cls(float(cfg.replay_ratio), int(cfg.batch_size), bool(cfg.prioritized), int(cfg.train_freq),
                    grads_per_phase(cfg), int(cfg.publish_interval), bool(getattr(cfg, "overlap", True)),
                    bool(getattr(cfg, "prefetch", True)), int(getattr(cfg, "insert_chunk", 0)),
-                   bool(getattr(cfg, "batched_insert", True)), 0 if allow_more_envs else int(cfg.num_envs))
+                   bool(getattr(cfg, "batched_insert", True)), 0 if allow_more_envs else int(cfg.num_envs),
+                   int(getattr(cfg, "priority_lag", 0)))
 
 
 @dataclass
@@ -194,9 +198,9 @@ def _chunk(plan: Plan, work: Workload) -> int:
 
 def learner_group(plan: Plan, work: Workload) -> int:
     """Gradient steps per learner call under the plan (as the schedules group them)."""
-    if plan.schedule == "inline":
-        return 1 if work.prioritized else work.grads_per_phase
-    return group_size(work.grads_per_phase, work.prioritized)
+    if plan.schedule == "inline" and not work.prioritized:
+        return work.grads_per_phase
+    return group_size(work.grads_per_phase, work.prioritized, work.priority_lag)
 
 
 def _per_publish(plan: Plan, work: Workload) -> int:
@@ -205,9 +209,11 @@ def _per_publish(plan: Plan, work: Workload) -> int:
 
 def prefetches(plan: Plan, table: ProfileTable, work: Workload) -> bool:
     """Whether the plan's learner loop draws its next group in a prefetch thread: the local schedule,
-    allowed by the settings, and measured faster than the draw in line (profile) for its learner."""
-    return plan.schedule != "inline" and work.prefetch and \
-        table.prefetch_pays(plan.learner_device, work.prioritized, learner_group(plan, work))
+    allowed by the settings and the priority lag, and measured faster than the draw in line (profile)
+    for its learner."""
+    group = learner_group(plan, work)
+    return plan.schedule != "inline" and work.prefetch and prefetch_fits(group, work.prioritized, work.priority_lag) \
+        and table.prefetch_pays(plan.learner_device, work.prioritized, group)
 
 
 def learner_shares_cores(plan: Plan, cores: float) -> bool:

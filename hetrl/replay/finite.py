@@ -5,11 +5,10 @@
 hold NaN). The common case (all finite) costs one ``np.isfinite(a).all()`` per field; the row and
 kind are only worked out once something is wrong.
 
-Cost, measured with ``python -m hetrl.replay._bench_finite`` (2-core VM shared with other jobs, 1 thread,
-3 runs): a 256-row CartPole insert takes 53-59 us with the check and 30-35 us without (+~24 us; the
-check alone 17 us), against 450-570 ms for a DQN CartPole learner phase (128 updates of batch 64,
-256x256 MLP; ~150-200 ms on the idle machine): 0.004% of a phase, 0.016% at 150 ms. The inline
-schedule inserts one batch per phase (train_freq rows); local actors insert insert_chunk rows a time.
+Cost (``python benchmarks/bench_finite.py``): the check adds tens of microseconds to a 256-row
+CartPole insert, against a DQN CartPole learner phase (128 updates of batch 64, 256x256 MLP) that
+takes hundreds of milliseconds: well under 0.1% of a phase. The inline schedule inserts one batch
+per phase (train_freq rows); local actors insert insert_chunk rows a time.
 """
 
 from __future__ import annotations

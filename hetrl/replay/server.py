@@ -3,7 +3,9 @@
 Remote actors push batches of transitions with ``insert``; the learner asks for ready batches
 with ``sample`` (prioritised sampling, importance weights and the row gather all happen here,
 server-side) and sends its TD errors back with ``update_priorities``, which write into the one
-sum tree ``sample`` reads.  The rate limiter (Reverb's ``SampleToInsertRatio``, counting env
+sum tree ``sample`` reads. Calls to a threaded actor may run in any order, so a sample names how
+many priority updates its caller had sent (``after``) and waits until they are written: the
+learner's priority lag (hetrl/runtime/ratio.py) holds at the server too.  The rate limiter (Reverb's ``SampleToInsertRatio``, counting env
 steps inserted and transitions sampled) lives here too: an insert that would put the actors
 too far ahead waits, a sample that would put the learner too far ahead waits; both give up
 after ``timeout`` seconds and answer ``None`` so the caller can look at its other work.
@@ -51,6 +53,7 @@ class ReplayServer:
         self.rows = 0             # transitions stored (differs from env steps under n-step)
         self.insert_calls = 0
         self.sample_calls = 0
+        self.priority_updates = 0  # update_priorities calls written
         self.insert_wait_s = 0.0  # time inserts waited for the learner
         self.sample_wait_s = 0.0  # time samples waited for the actors
         self.closed = False
@@ -81,16 +84,19 @@ class ReplayServer:
             self._cond.notify_all()
             return self._counters()
 
-    def sample(self, batches: int, batch_size: int, beta: float | None = None, timeout: float | None = None):
+    def sample(self, batches: int, batch_size: int, beta: float | None = None, timeout: float | None = None,
+               after: int = 0):
         """Draw `batches` batches of `batch_size`: ``(stack, keys, weights, counters)`` with stack
         ``{field: (batches, batch_size, ...)}`` NumPy arrays, keys ``(batches * batch_size,)`` and
-        weights ``(batches, batch_size)`` float32; None when the rate limiter does not allow it
-        within `timeout` seconds, or after close()."""
+        weights ``(batches, batch_size)`` float32; None when the rate limiter does not allow it, or
+        fewer than `after` priority updates are written, within `timeout` seconds, or after close()."""
         n = int(batches) * int(batch_size)
         t0 = time.perf_counter()
         with self._cond:
             def allowed() -> bool:
                 if len(self.replay) == 0 or self.inserts < self.rule.min_size_to_sample:
+                    return False
+                if self.priority_updates < after:
                     return False
                 return not self.rate_limit or self.rule.can_sample(self.inserts, self.samples, n)
 
@@ -110,6 +116,8 @@ class ReplayServer:
         """The learner's |TD| for sampled keys, into the tree that samples (one per key)."""
         with self._cond:
             self.replay.update_priorities(keys, td_errors)
+            self.priority_updates += 1
+            self._cond.notify_all()
 
     # ---- state ------------------------------------------------------------------------------------
     def _counters(self) -> dict:
@@ -118,6 +126,7 @@ class ReplayServer:
     def stats(self) -> dict:
         with self._cond:
             return {**self._counters(), "insert_calls": self.insert_calls, "sample_calls": self.sample_calls,
+                    "priority_updates": self.priority_updates,
                     "insert_wait_s": self.insert_wait_s, "sample_wait_s": self.sample_wait_s,
                     "capacity": self.replay.capacity, "prioritized": self.replay.prioritized}
 

@@ -19,25 +19,13 @@ Placement:
   reuse its arrays at once); ``get`` indexes on the device.
 
 ``get`` on CPU gathers with NumPy and wraps the result with
-``torch.from_numpy``: ``arr[idx]`` for 1-D fields, ``np.take(arr, idx,
-axis=0)`` for fields with an item shape.  Measured with
-``python -m hetrl.replay._bench_storage`` (2-core shared VM, capacity
-100,000, 1 thread, microseconds per field gather, median of 5 rounds)::
-
-    field              batch  np.take  arr[idx]  index_select  tensor[idx]
-    () int64              64      4.8       2.4           5.3          7.4
-    () int64             256      5.0       2.7           5.3          8.7
-    () float32            64      4.5       2.2           4.9          7.1
-    () float32           256      4.8       2.6           5.3          8.7
-    (4,) float32          64      4.6       5.8           7.3          8.8
-    (4,) float32         256      4.9      10.2           8.8         13.4
-    (17,) float32         64      5.0       5.7           7.5         10.4
-    (17,) float32        256      6.2      10.2           8.8         18.5
-    (4, 84, 84) uint8     64    182.6     172.4         171.7       1584.9
-    (4, 84, 84) uint8    256    713.5     696.1         760.8       7647.1
-
-(index_select = ``torch.from_numpy(arr).index_select(0, idx)``; large rows
-are memory-bound and tie, ``tensor[idx]`` is 10x slower there.)
+``torch.from_numpy``: ``arr[idx]`` for 1-D fields (fancy indexing of a
+scalar column is NumPy's fastest path, about twice as fast as ``np.take``),
+``np.take(arr, idx, axis=0)`` for fields with an item shape (it copies whole
+rows, up to twice as fast as fancy indexing for small rows).  Large rows (frames) are memory-bound and every NumPy way ties;
+indexing a torch tensor (``tensor[idx]``) is several times slower for every
+field, about 10x for frames.  ``python benchmarks/bench_storage.py`` times
+the four ways.
 """
 
 from __future__ import annotations

@@ -25,34 +25,16 @@ or just past the end of the range, or a parent sum that differs in the last
 bit from the sum of its children): it never descends into a zero child, so it
 never returns a zero-priority leaf or a padding leaf.
 
-Two implementations of the batch kernels live here: numba ``@njit`` loops and
-vectorised NumPy.  Measured with ``python -m hetrl.replay._bench_sumtree``
-(2-core VM shared with other jobs, so +-20 % noise between runs; 1 thread,
-batch 256, microseconds per call, median of 5 rounds; one ``update`` + one
-``sample`` is the tree's share of one PER learner step)::
-
-    capacity 1,000,000      numba              numpy
-    fanout  depth     update  sample     update  sample
-       2     20        100.2   101.1      876.8  1567.4
-       4     10         56.7    73.1      490.6   913.7
-       8      7         64.5    78.5      261.4   534.1
-      16      5         71.1    72.8      203.7   432.3
-      32      4         89.1    91.9      171.5   509.4
-      64      4        130.4   112.5      196.7   728.9
-
-    capacity 100,000
-       4      9         28.0    42.3      346.3   667.3
-       8      6         27.2    40.3      215.6   460.1
-      16      5         30.3    38.4      252.9   594.0
-      32      4         35.1    40.3      149.2   493.2
-
-(An earlier run at 1M gave numba fanout 4/8/16 = 80/72/94 us update and
-108/96/100 us sample.)  numba is 2-15x faster than NumPy at every fanout (4-11x at fanout 8), so
-it is the default backend; the NumPy kernels stay as the fallback (used when
-numba cannot be imported) and as an independent reference in the tests.
-``DEFAULT_FANOUT = 8``: fanouts 4-16 tie within the noise for numba; 8
-children of float64 fill exactly one 64-byte cache line (levels are padded
-and the array is 64-byte aligned), so one block read is one line.
+Two implementations of the batch kernels live in this module: numba ``@njit`` loops and
+vectorised NumPy (``python benchmarks/bench_sumtree.py`` times both at every fanout).  The
+numba loops walk one key down the tree at a time in compiled code; NumPy must materialise
+every level for the whole batch, so it is several times slower at every fanout (most at
+fanout 2, whose tree is deepest).  numba is therefore the default backend; the NumPy kernels
+stay as the fallback (used when numba cannot be imported) and as an independent reference
+in the tests.  ``DEFAULT_FANOUT = 8``: fanouts 4-16 tie within the noise for numba (a
+shallower tree against more children read per level); 8 children of float64 fill exactly
+one 64-byte cache line (levels are padded and the array is 64-byte aligned), so one block
+read is one line.
 """
 
 from __future__ import annotations

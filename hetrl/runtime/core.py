@@ -6,8 +6,10 @@ with them exists here, once, for every schedule (as in Acme: one builder, a sing
 distributed launcher):
 
 * process setup (seed, threads, denormals, device), the spaces, the algorithm, the replay spec;
-* the counters and the clock; replay-ratio bookkeeping; PER beta annealing; the exploration
-  table actors act with; the actors' seeds and their :class:`~hetrl.actors.ActorSpec`;
+* the counters and the clock; the replay-ratio policy (:class:`~hetrl.runtime.ratio.ReplayRatio`:
+  when actors may collect, how many gradient steps the learner may take, the priority lag); the
+  grants in flight; PER beta annealing; the exploration table actors act with; the actors' seeds,
+  their :class:`~hetrl.actors.ActorSpec` and the restart policy of actors that die;
 * the learner step (timed, counted, TD errors checked), publishing to a :class:`ParameterStore`,
   policy staleness;
 * one checkpoint format (so a run resumes under any schedule) and one set of figures.
@@ -23,6 +25,7 @@ import contextlib
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
 
 import numpy as np
 import torch
@@ -36,8 +39,9 @@ from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
-from hetrl.runtime.layout import grads_per_phase, group_size
+from hetrl.runtime.layout import Layout, grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
+from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio
 from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
@@ -65,7 +69,8 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 def setup_process(seed: int, threads: int) -> None:
     """Seed, torch threads, and flushed denormals: Adam's moments of parameters whose gradients
-    went to zero (dead ReLUs) decay into denormal floats, which make CPU arithmetic ~5x slower."""
+    went to zero (dead ReLUs) decay into denormal floats, which the CPU handles in microcode (arithmetic on
+    them is several times slower)."""
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, threads))
     torch.set_flush_denormal(True)
@@ -93,8 +98,7 @@ class Counters:
     learner_s: float = 0.0         # learner busy: gradient computation and optimizer steps
     replay_s: float = 0.0          # replay manager busy: insert, sample, priority update
     learner_wait_s: float = 0.0    # learner blocked waiting for data (local, ray)
-    grad_debt: float = 0.0         # fractional gradient steps owed by the replay ratio (inline)
-    samples: int = 0               # transitions drawn (rate limiter), prefetched ones included
+    samples: int = 0               # transitions drawn (rate limiter), prefetched and requested ones included
     staleness_sum: float = 0.0     # sum over inserted env steps of (learner - acting) version
     staleness_steps: int = 0
     lag_sum: float = 0.0           # sum over inserted env steps of the policy lag in gradient steps
@@ -104,10 +108,23 @@ class Counters:
     params_version: int = 0
 
 
-class LearnerCore:
-    """The learner side of a run: set up once per run by its schedule, in the learner's process."""
+@dataclass(frozen=True)
+class LinearLR:
+    """lr x progress remaining (rl-zoo's lin_X); picklable."""
 
-    def __init__(self, cfg: Config, env: EnvSpec, threads: int):
+    lr: float
+
+    def __call__(self, progress_remaining: float) -> float:
+        return self.lr * progress_remaining
+
+
+class LearnerCore:
+    """The learner side of a run: set up once per run by its schedule, in the learner's process.
+
+    `lay`: how a schedule with actors is cut (runtime/layout.py; None: one process that alternates,
+    inline); `servers`: replay servers that sample under their own rate limiter (ray)."""
+
+    def __init__(self, cfg: Config, env: EnvSpec, threads: int, lay: Layout | None = None, servers: int = 0):
         self.cfg = cfg
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         self._threads_before = torch.get_num_threads()   # given back by close()
@@ -118,9 +135,9 @@ class LearnerCore:
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(cfg, self.obs_space, self.act_space)
+        group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
         self.kernel_choice = kernels.choose(
-            cfg, self.twin, self.obs_space, self.act_space, self.spec, self.device,
-            group_size(grads_per_phase(cfg), cfg.prioritized), algo=self.algo)
+            cfg, self.twin, self.obs_space, self.act_space, self.spec, self.device, group, algo=self.algo)
         self._use_kernel(self.kernel_choice)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
@@ -134,9 +151,17 @@ class LearnerCore:
         self._published_at = 0
         self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
-        self._in_flight: dict[object, int] = {}          # grant -> gradient steps of the params then
-        self.max_lag = 0                                 # the schedule's bound (0: none, e.g. inline)
+        self._in_flight: dict[object, tuple[int, int]] = {}   # grant -> (gradient steps of the params then, env steps)
+        self.reserved = 0                                # env steps granted, not yet inserted
+        self.max_lag = lay.max_lag if lay is not None else 0   # the policy-lag bound (0: none, e.g. inline)
+        self.ratio = ReplayRatio.overlapped(self, lay, servers) if lay is not None else ReplayRatio.alternating(self)
+        self.restarts = Restarts(self)
         self._t0: float | None = None
+        # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
+        # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
+        # (the SB3-style classes' callable learning_rate)
+        self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
+        self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
 
     def twin(self):
@@ -152,6 +177,15 @@ class LearnerCore:
         self.kernel = kernels.build(choice, self.algo)
         self.governor.apply = self.kernel.use_threads
         self.governor.apply(self.governor.threads)
+
+    def load_algo(self, state: dict) -> None:
+        """New parameters and optimizer state between phases (the SB3-style classes' set_parameters): the kernel is
+        built again on them (it may hold views or a captured graph of the tensors replaced), actors get the policy."""
+        self.algo.load_state_dict(state)
+        self._use_kernel(self.kernel_choice)
+        self._lr = None
+        if self.params is not None:
+            self.publish()
 
     def close(self) -> None:
         """Give back what the learner changed in this process: the kernel's settings, torch's thread count."""
@@ -180,10 +214,12 @@ class LearnerCore:
         self.params = params
         self.publish()
 
-    def actor_spec(self, index: int, envs: int, restarts: int = 0) -> ActorSpec:
-        """Actor `index`'s settings and policy. Seeds follow the env step count and the restarts, so an
-        actor started on resume or after a crash does not replay the episodes of the one before."""
+    def actor_spec(self, index: int, envs: int, restarts: int | None = None) -> ActorSpec:
+        """Actor `index`'s settings and policy. Seeds follow the env step count and the restarts (default:
+        the actor's so far), so an actor started on resume or after a crash does not replay the episodes
+        of the one before."""
         cfg = self.cfg
+        restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
         return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.env_backend)
@@ -209,41 +245,45 @@ class LearnerCore:
             c.lag_sum += lag * steps
             c.lag_max = max(c.lag_max, lag)
 
-    # ---- policy lag bound -------------------------------------------------------------------------
-    def granted(self, key) -> None:
-        """A chunk was granted to an actor: it acts with parameters at least as new as the latest
-        publication (actors load the latest before each chunk)."""
-        self._in_flight[key] = self._published_at
+    # ---- grants in flight and the policy-lag bound ---------------------------------------------------
+    def next_grant(self, envs: int) -> tuple[int, list] | None:
+        """What an actor of `envs` envs may collect next: (env steps, the exploration value of each of its
+        vector steps), or None while the replay ratio holds the actors or the run needs no more."""
+        n = self.ratio.grant()
+        if not n:
+            return None
+        return n, self.exploration(self.c.env_steps + self.reserved, n, envs)
+
+    def granted(self, key, n: int) -> None:
+        """Grant `key` of `n` env steps went to an actor: it acts with parameters at least as new as the
+        latest publication (actors load the latest before each chunk)."""
+        self._in_flight[key] = (self._published_at, n)
+        self.reserved += n
 
     def returned(self, key) -> None:
-        """The chunk of grant `key` is in (or was lost with its actor)."""
-        self._in_flight.pop(key, None)
+        """The chunk of grant `key` is in (or was lost with its actor: its env steps are granted again)."""
+        got = self._in_flight.pop(key, None)
+        if got is not None:
+            self.reserved -= got[1]
 
-    def lag_room(self, lay, planned: int) -> int:
+    def lag_room(self, planned: int) -> int:
         """Gradient steps the learner may still plan (`planned`: gradient steps done or already drawn)
-        before it would lead the oldest policy still acting by more than lay.max_lag."""
-        if not self._in_flight or not lay.max_lag:
-            return 1 << 62
-        return min(self._in_flight.values()) + lay.max_lag - planned
+        before it would lead the oldest policy still acting by more than max_lag."""
+        if not self._in_flight or not self.max_lag:
+            return UNBOUNDED
+        return min(at for at, _ in self._in_flight.values()) + self.max_lag - planned
 
-    def grant_size(self, lay, reserved: int) -> int:
-        """Env steps for an actor's next collect call (layout `lay`, `reserved` granted, not yet in):
-        a chunk (whole vector steps), or exactly what the run still needs."""
-        return max(0, min(lay.chunk, self.cfg.steps - self.c.env_steps - reserved))
-
-    def may_grant(self, rule, reserved: int, drawn: int, n: int) -> bool:
-        """Whether an actor may be given `n` more env steps (`reserved` granted, not yet in; `drawn`
-        transitions sampled): the rate limiter's insert side, applied when the chunk is granted so
-        that a granted chunk is never held on its way in. The learner may wait for the oldest chunk
-        in flight (max_policy_lag); were that chunk held until the learner samples, both would wait."""
-        if not self.cfg.rate_limit:
-            return True
-        return rule.can_insert(self.c.env_steps + reserved, drawn, n)
-
-    def owed(self, lay, drawn: int) -> float:
-        """Transitions the learner may still draw in this run: the preset's replay ratio over the
-        whole run (sampling starts after lay.min_size env steps)."""
-        return max(self.cfg.steps, self.c.env_steps) * lay.spi - lay.spi * lay.min_size - drawn
+    def actor_died(self, index: int, what: str, give_up, lost=(), starting: bool = False, hint: str = "") -> None:
+        """Actor `index` died (`what`: "actor 1 (pid 42) exited with code 1"); `lost`: its grants in flight,
+        whose env steps are granted again. One that dies while starting ends the run (`give_up()`, the
+        schedule's close, then HetrlError): a new one would die the same way. Otherwise the restart
+        policy (Restarts) counts it, and the schedule starts a new one (actor_spec gives it new seeds)."""
+        for key in lost:
+            self.returned(key)
+        if starting:
+            give_up()
+            raise HetrlError(f"{what} while starting; its error is printed above{hint}")
+        self.restarts.record(index, what, give_up)
 
     def beta(self) -> float | None:
         """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
@@ -255,24 +295,57 @@ class LearnerCore:
     # ---- learning side --------------------------------------------------------------------------
     def learn(self, stack: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One learner call: weights.shape[0] gradient steps on stacked batches; returns |TD| (K, B)."""
-        c = self.c
-        if self.learn_mark is None:
-            self.learn_mark = (self.elapsed(), c.env_steps)
         self.governor.tick()
+        if self.lr_at is not None:
+            self.schedule_lr()
         t0 = time.perf_counter()
         td = self.kernel.learn(stack, weights)
+        self.learned(td, weights.shape[0], time.perf_counter() - t0)
+        return td
+
+    def learn_from(self, replay) -> None:
+        """The gradient steps the replay ratio allows now, from a replay in this process (inline, a population's
+        member). Uniform replay: all of them in one gather (the buffer does not change meanwhile, so this is the
+        same distribution). Prioritised: sample -> learn -> update priorities, as many batches at a time as the
+        priority lag allows (exact PER: one)."""
+        cfg, c, B = self.cfg, self.c, self.cfg.batch_size
+        while k := self.ratio.allowed(len(replay)):
+            t0 = time.perf_counter()
+            batch, keys, weights = replay.sample(k * B, beta=self.beta())
+            self.ratio.drawn(k)
+            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
+            t1 = time.perf_counter()
+            td = self.learn(stack, weights.view(k, B))
+            t2 = time.perf_counter()
+            if cfg.prioritized:
+                replay.update_priorities(keys, td.view(-1))
+            self.ratio.written(k)
+            c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+
+    def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
+        """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
+        by a population's): check their |TD| errors, count them, publish where due."""
+        c = self.c
+        if self.learn_mark is None:
+            self.learn_mark = (self.elapsed() - seconds, c.env_steps)
         if self.cfg.check_finite and not _all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
-        dt = time.perf_counter() - t0
-        c.learner_s += dt
-        self.governor.record(dt, weights.shape[0])
-        c.gradient_steps += weights.shape[0]
+        c.learner_s += seconds
+        self.governor.record(seconds, steps)
+        c.gradient_steps += steps
         c.phases += 1
         if c.gradient_steps - self._published_at >= self.publish_every:
             self.publish(changed_only=True)
-        return td
+
+    def schedule_lr(self) -> None:
+        """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3
+        computes it before each training call); set only when it changed."""
+        lr = float(self.lr_at(1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))))
+        if lr != self._lr:
+            self.algo.set_lr(lr)
+            self._lr = lr
 
     def publish(self, changed_only: bool = False) -> None:
         """The policy's weights to the parameter store, as the next version. `changed_only`: not when the
@@ -330,7 +403,7 @@ class LearnerCore:
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
                "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures(),
                "learner_kernel": self.kernel.name, "learner_kernel_source": self.kernel_choice.source,
-               "compile_s": self.kernel.compile_s, **self.kernel.figures()}
+               "compile_s": self.kernel.compile_s, **self.kernel.figures(), **self.ratio.figures()}
         out.update(peak_memory(self.device))
         if self.learn_mark is not None and wall > self.learn_mark[0] and c.env_steps > self.learn_mark[1]:
             # the steady state the planner predicts (the warm-up before learning_starts only acts)
@@ -348,6 +421,8 @@ class LearnerCore:
         if self.c.env_steps or self.c.gradient_steps:
             raise HetrlError("load_state_dict must come before the first phase() of a schedule")
         self.algo.load_state_dict(state["algo"])
+        self._in_flight.clear()       # grants made before the load belong to actors that start again
+        self.reserved = 0
         saved = state.get("kernel")   # a resumed run keeps the kernel it was started with (where it applies here)
         if saved and self.cfg.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
             self._use_kernel(kernels.choose(self.cfg, self.twin, self.obs_space, self.act_space, self.spec,
@@ -437,6 +512,9 @@ class Schedule(abc.ABC):
 
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
+
+    def extended(self) -> None:
+        """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
 
     def transport_figures(self) -> dict:
         return {}

@@ -3,8 +3,9 @@
 It is the reference realisation of the training protocol:
     actor --collect--> insert --> replay --sample--> learner --|TD|--> priorities --> replay
     learner --publish--> parameter store --latest--> actor
-One *phase* = `train_freq` env steps of acting, then replay_ratio x that many gradient steps.
-The learner, counters, checkpoint and figures are the learner core's (hetrl/runtime/core.py).
+One *phase* = `train_freq` env steps of acting, then the gradient steps the learner core's replay
+ratio allows (hetrl/runtime/ratio.py: replay_ratio x the env steps beyond learning_starts). The
+learner, counters, checkpoint and figures are the learner core's (hetrl/runtime/core.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class InlineSchedule(Schedule):
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
         cfg, core, c = self.cfg, self.core, self.c
+        new = self.params.latest(self.actor.params_version)   # the newest policy (a phase's, or one loaded between)
+        if new is not None:
+            self.actor.load(*new)
         t0 = time.perf_counter()
         before = self.actor.env_steps
         left = cfg.steps - c.env_steps
@@ -52,35 +56,14 @@ class InlineSchedule(Schedule):
         steps = self.actor.env_steps - before
         core.inserted(steps, self.actor.params_version, busy_s=t1 - t0)
         c.replay_s += time.perf_counter() - t1
-        if c.env_steps >= cfg.learning_starts and len(self.replay) >= cfg.batch_size:
-            c.grad_debt += steps * (cfg.replay_ratio if cfg.gradient_steps > 0 else 1.0)
-            n = int(c.grad_debt)
-            c.grad_debt -= n
-            if n:
-                self.learn(n)
-        new = self.params.latest(self.actor.params_version)
-        if new is not None:
-            self.actor.load(*new)
+        self._learn()
         self._episodes.extend(self.actor.drain_episodes())
 
-    def learn(self, n: int) -> None:
-        """n gradient steps. Uniform replay: all n batches in one gather (the buffer does not change
-        during a phase, so this is the same distribution). Prioritised: sample -> learn -> update
-        priorities one batch at a time, so every sample sees the newest priorities."""
-        cfg, core, c, B = self.cfg, self.core, self.c, self.cfg.batch_size
-        for k in ([n] if not cfg.prioritized else [1] * n):
-            t0 = time.perf_counter()
-            batch, keys, weights = self.replay.sample(k * B, beta=core.beta())
-            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
-            t1 = time.perf_counter()
-            td = core.learn(stack, weights.view(k, B))
-            t2 = time.perf_counter()
-            if cfg.prioritized:
-                self.replay.update_priorities(keys, td.view(-1))
-            c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+    def _learn(self) -> None:
+        self.core.learn_from(self.replay)
 
     def done(self) -> bool:
-        return self.c.env_steps >= self.cfg.steps
+        return self.core.ratio.finished(len(self.replay))
 
     def close(self) -> None:
         if self._closed:

@@ -29,10 +29,22 @@ def chunk_size(train_freq: int, actors: int, envs_per_actor: int, batched_insert
     return max(MIN_CHUNK_STEPS, -(-train_freq // (actors * m))) * m
 
 
-def group_size(grads_per_phase: int, prioritized: bool) -> int:
-    """Gradient steps per algo.learn call: prioritised replay samples one batch per priority
-    update (exact PER); uniform replay groups up to GROUP_MAX."""
-    return 1 if prioritized else max(1, min(GROUP_MAX, grads_per_phase))
+def group_size(grads_per_phase: int, prioritized: bool, priority_lag: int = 0) -> int:
+    """Gradient steps per algo.learn call: uniform replay groups up to GROUP_MAX. Prioritised replay
+    draws a batch only once the priorities of all but `priority_lag` earlier batches are written
+    (hetrl/runtime/ratio.py): (priority_lag + 1) // 2 batches per call (exact PER: one), so that the
+    group being learned and the next one, drawn meanwhile by a prefetch thread, both fit the lag;
+    the same under every schedule."""
+    if not prioritized:
+        return max(1, min(GROUP_MAX, grads_per_phase))
+    return max(1, min(GROUP_MAX, grads_per_phase, (priority_lag + 1) // 2))
+
+
+def prefetch_fits(group: int, prioritized: bool, priority_lag: int) -> bool:
+    """Whether a learner loop may draw its next group while this one is learned: always with uniform
+    replay; with prioritised replay only where the lag leaves room for a batch beyond the group whose
+    priorities are not written yet (never with exact PER)."""
+    return not prioritized or priority_lag >= group
 
 
 def grads_per_phase(cfg: Config) -> int:
@@ -68,7 +80,7 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
     m = cfg.envs_per_actor or max(1, cfg.num_envs // n)
     chunk = chunk_size(cfg.train_freq, n, m, cfg.batched_insert, cfg.insert_chunk)
     per_phase = grads_per_phase(cfg)
-    group = group or group_size(per_phase, cfg.prioritized)
+    group = group or group_size(per_phase, cfg.prioritized, cfg.priority_lag)
     spi = cfg.replay_ratio * cfg.batch_size
     min_size = max(cfg.learning_starts, cfg.batch_size)
     need = cfg.batch_size + chunk * spi  # the window must hold one batch plus one chunk, or both sides block

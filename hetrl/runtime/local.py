@@ -8,12 +8,12 @@
   shared-memory ring with one batched insert, samples (a prefetch thread draws the next group
   while the learner learns), and writes priorities into the one tree the sampler reads.
 * Parameters reach the actors through a seqlock in shared memory (shm.SharedParameterStore).
-* A Reverb rate limiter keeps samples per insert at the preset's ratio: actors get a grant only
-  when its env steps may be inserted, the learner samples only what the rule allows, and the
-  waiting side blocks on a pipe. Nobody spins.
+* The learner core's replay ratio (hetrl/runtime/ratio.py, Reverb's rate limiter) decides when an
+  actor gets a grant and how many batches the learner may draw; this transport only moves them,
+  and the waiting side blocks on a pipe. Nobody spins.
 
-Life cycle: actors come from a preloaded forkserver (~10 ms each); a dead actor is replaced
-(core.Restarts); an actor's error is raised here with its traceback; if this process is killed,
+Life cycle: actors come from a preloaded forkserver (a fork, no imports); a dead actor is replaced
+(the core's restart policy); an actor's error is raised here with its traceback; if this process is killed,
 the actors exit too (lifeline pipe, PR_SET_PDEATHSIG) and the nameless shared memory is freed.
 docs/local.md has the details and the measurements.
 """
@@ -30,13 +30,11 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
-from hetrl.replay import BatchGroups, RatioRule, ReplayBuffer
-from hetrl.runtime.core import LearnerCore, Restarts, Schedule
+from hetrl.replay import BatchGroups
+from hetrl.runtime.core import LearnerCore, Schedule
 from hetrl.runtime.layout import layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
 from hetrl.runtime.shm import SharedArrays, SharedParameterStore
@@ -48,8 +46,8 @@ PRELOAD = ["hetrl.runtime.local_actor", "hetrl.actors", "gymnasium"]
 
 
 def _context(warm: bool = False, preload: tuple[str, ...] = ()):
-    """The multiprocessing context for actors: forkserver (preloaded, ~10 ms per actor) where
-    available, else spawn.  `warm` starts the forkserver now, so its imports run while this
+    """The multiprocessing context for actors: forkserver (preloaded: a new actor is a fork, it imports
+    nothing) where available, else spawn.  `warm` starts the forkserver now, so its imports run while this
     process builds the learner; `preload`: more modules it imports (the algorithm's, whose acting
     policy the actors unpickle)."""
     method = os.environ.get("HETRL_START_METHOD", "forkserver")
@@ -81,7 +79,6 @@ class _Handle:
         self.ready = False
         self.outstanding: dict[int, int] = {}   # half -> granted env steps
         self.stopping = False
-        self.restarts = 0
 
     def close_pipes(self) -> None:
         for conn in (self.ctrl, self.data, self.lifeline):
@@ -138,13 +135,11 @@ class LocalSchedule(Schedule):
         from hetrl import registry
 
         _context(warm=True, preload=(registry.get(cfg.algo).__module__,))
-        self.core = core = LearnerCore(cfg, env, lay.learner_threads)
-        self.core.max_lag = lay.max_lag
+        self.core = core = LearnerCore(cfg, env, lay.learner_threads, lay)
         spec, on_cpu = core.spec, core.device.type == "cpu"
         # the storage's arrays (one per field, or the frame storage's frame ring) in shared memory
         self._ring = SharedArrays(core.storage_arrays) if on_cpu or core.frames else None
         self.replay = core.make_replay(buffers=None if self._ring is None else self._ring.arrays)
-        self.rule = RatioRule.from_error_buffer(lay.spi, lay.min_size, lay.error_buffer)
         self.params = SharedParameterStore(core.algo.policy_state())
         core.attach(self.params)
         rows = lay.chunk + cfg.n_step * lay.envs_per_actor
@@ -155,14 +150,12 @@ class LocalSchedule(Schedule):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.prefetch else None
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
-        self._reserved = 0         # env steps granted, not yet inserted
         self._episodes: list[tuple[float, int]] = []
         self._next_actor = 0
         self._finished = False
         self._closed = False
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
         self.startup_s = 0.0
-        self._restarts = Restarts(core)
         self._fleet = _Fleet()
         self._finalizer = weakref.finalize(self, self._fleet.shutdown)
         self._start_actors()
@@ -182,15 +175,18 @@ class LocalSchedule(Schedule):
         self.startup_s = time.perf_counter() - t0
         self.c.learner_wait_s = waited
 
+    def extended(self) -> None:
+        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
+            self._finished = False
+            self._restart_actors()
+
     def _restart_actors(self) -> None:
         self._fleet.shutdown()
-        self._reserved = 0
         self._start_actors()
 
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
-        args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor,
-                                                       self._restarts.count.get(h.index, 0)),
+        args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor),
                          self._staging[h.index], self.params, self.cfg.actor_one_thread)
         ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         data_r, data_w = ctx.Pipe(duplex=False)
@@ -198,7 +194,7 @@ class LocalSchedule(Schedule):
         proc = ctx.Process(target=actor_main, args=(args, ctrl_r, data_w, life_r), daemon=True,
                            name=f"hetrl-actor-{h.index}")
         try:
-            with _main_not_reimported(self.env):
+            with _main_not_reimported(self.env, self.core.algo):
                 proc.start()
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             for c in (ctrl_r, ctrl_w, data_r, data_w, life_r, life_w):
@@ -225,53 +221,29 @@ class LocalSchedule(Schedule):
         return self._check_finished()
 
     def _check_finished(self) -> bool:
+        """Every env step is in and the learner learned what the core's replay ratio owes, a drawn group
+        included."""
         if self._finished:
             return True
-        c, cfg = self.c, self.cfg
-        if c.env_steps < cfg.steps:
+        if not self.core.ratio.finished(len(self.replay)) or self._ready is not None or self._pending is not None:
             return False
-        if not cfg.rate_limit:  # no ratio to honour: stop with the data; a drawn group is dropped
-            self._join_prefetch()
-            self._ready = None
-        elif self._ready is not None or self._pending is not None:
-            return False
-        if cfg.rate_limit and c.env_steps >= self.lay.min_size:
-            if self.core.owed(self.lay, c.samples) >= cfg.batch_size and len(self.replay) >= cfg.batch_size:
-                return False
         self._finished = True
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
 
-    # rate limiter -----------------------------------------------------------------------------------
     def _allowed_group(self) -> int:
-        """How many gradient steps (batches) may be drawn now."""
-        c, B = self.c, self.cfg.batch_size
-        if len(self.replay) < B or c.env_steps < self.lay.min_size:
-            return 0
-        if not self.cfg.rate_limit:
-            return self.lay.group
-        if not self.cfg.overlap and self._reserved:
-            return 0
-        # Reverb lets the sampler lead by the error buffer; in lockstep, and once every env step
-        # is in, the learner only catches up (no lead), as inline does
-        floor = self.rule.min_diff if self.cfg.overlap and c.env_steps < self.cfg.steps else \
-            self.lay.spi * self.lay.min_size
-        avail = int((c.env_steps * self.lay.spi - c.samples - floor) // B)
-        # ... but never beyond what the whole run owes, so the final ratio is the preset's
-        avail = min(avail, int(self.core.owed(self.lay, c.samples) // B))
-        # ... nor further ahead of the oldest policy still acting than max_policy_lag
-        avail = min(avail, self.core.lag_room(self.lay, c.samples // B))
-        return max(0, min(self.lay.group, avail))
+        """How many gradient steps (batches) may be drawn now: the core's replay ratio decides."""
+        return self.core.ratio.allowed(len(self.replay))
 
     def _grant(self) -> None:
-        """Give free staging halves env steps to collect, as far as the rate limiter allows.
+        """Give free staging halves env steps to collect, as far as the core's replay ratio allows.
         Overlap: up to two grants per actor (its double buffer), actors taken in turn.
         Lockstep: a collect round (one chunk per actor) only when the learner has nothing to do."""
         handles = [h for h in self._fleet.handles if h.ready and not h.stopping and h.ctrl is not None]
         if not handles:
             return
         lockstep = not self.cfg.overlap
-        if lockstep and (self._reserved or self._ready is not None or self._allowed_group()):
+        if lockstep and (self.core.reserved or self._ready is not None or self._allowed_group()):
             return
         start = self._next_actor % len(handles)
         for k in range(len(handles)):
@@ -279,18 +251,16 @@ class LocalSchedule(Schedule):
             for half in (0, 1):
                 if half in h.outstanding or (lockstep and h.outstanding):
                     continue
-                n = self.core.grant_size(self.lay, self._reserved)
-                if n == 0 or not self.core.may_grant(self.rule, self._reserved, self.c.samples, n):
+                grant = self.core.next_grant(self.lay.envs_per_actor)
+                if grant is None:
                     return
-                # the algorithm's exploration at the global step count of each vector step
-                table = self.core.exploration(self.c.env_steps + self._reserved, n, self.lay.envs_per_actor)
+                n, table = grant
                 try:
                     h.ctrl.send((half, n, table))
                 except OSError:
                     break  # it died: its sentinel tells _pump
                 h.outstanding[half] = n
-                self.core.granted((h.index, half))
-                self._reserved += n
+                self.core.granted((h.index, half), n)
                 self._next_actor = start + k + 1
 
     # learning -----------------------------------------------------------------------------------------
@@ -300,8 +270,8 @@ class LocalSchedule(Schedule):
         return item, time.perf_counter() - t0
 
     def _take(self, g: int) -> None:
-        """Count g batches as sampled (rate limiter) and draw them, in the background if prefetching."""
-        self.c.samples += g * self.cfg.batch_size
+        """Count g batches as drawn (the core's replay ratio) and draw them, in the background if prefetching."""
+        self.core.ratio.drawn(g)
         self._record()
         if self.cfg.prioritized:
             self.replay.set_beta(self.core.beta())
@@ -338,6 +308,7 @@ class LocalSchedule(Schedule):
             t2 = time.perf_counter()
             self.replay.update_priorities(keys, td.reshape(-1))
             self.c.replay_s += time.perf_counter() - t2
+        self.core.ratio.written(weights.shape[0])
         return True
 
     # messages -----------------------------------------------------------------------------------------
@@ -390,7 +361,7 @@ class LocalSchedule(Schedule):
         if rows:
             view = self._views[h.index][half]
             self.core.insert(self.replay, {k: v[:rows] for k, v in view.items()}, h.index)
-        self._reserved -= h.outstanding.pop(half, 0)
+        h.outstanding.pop(half, None)
         self.core.returned((h.index, half))
         self.core.inserted(steps, version, busy)
         self.c.replay_s += time.perf_counter() - t0
@@ -403,20 +374,17 @@ class LocalSchedule(Schedule):
         code = proc.exitcode
         h.proc = None
         h.close_pipes()
-        self._reserved -= sum(h.outstanding.values())
-        for half in h.outstanding:
-            self.core.returned((h.index, half))
-        h.outstanding = {}
+        lost, h.outstanding = [(h.index, half) for half in h.outstanding], {}
         if h.stopping or self._closed:
+            for key in lost:
+                self.core.returned(key)
             return
-        what = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        if not h.ready:
-            self.close()
-            hint = (" (an env factory from your script makes actors import the script: keep the training code "
-                    "under `if __name__ == '__main__':`)" if _main_needed(self.env) else "")
-            raise HetrlError(f"actor {h.index} (pid {proc.pid}) {what} while starting; its error is printed "
-                             f"above{hint}")
-        self._restarts.record(h.index, f"actor {h.index} (pid {proc.pid}) {what}", self.close)
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        hint = (" (an env factory or algorithm from your script makes actors import the script: keep the training "
+                "code under `if __name__ == '__main__':`)" if not h.ready and _main_needed(self.env, self.core.algo)
+                else "")
+        self.core.actor_died(h.index, f"actor {h.index} (pid {proc.pid}) {how}", self.close, lost,
+                             starting=not h.ready, hint=hint)
         self._spawn(h)
 
     def _record(self) -> None:
@@ -431,7 +399,6 @@ class LocalSchedule(Schedule):
         c, lay, wall = self.c, self.lay, self.c.wall_s
         return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
                 "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0, "startup_s": self.startup_s,
-                "rate_limit": self.cfg.rate_limit, "samples_per_insert": lay.spi, "rate_error_buffer": lay.error_buffer,
                 "optimisations": {k: getattr(self.cfg, k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
@@ -449,21 +416,24 @@ class LocalSchedule(Schedule):
         self._finalizer.detach()
 
 
-def _main_needed(env) -> bool:
-    return callable(env) and not isinstance(env, str) and getattr(env, "__module__", None) == "__main__"
+def _main_needed(env, algo=None) -> bool:
+    """Whether actors must import the parent's __main__: the env factory or the algorithm (its acting policy)
+    is defined there."""
+    in_main = callable(env) and not isinstance(env, str) and getattr(env, "__module__", None) == "__main__"
+    return in_main or type(algo).__module__ == "__main__"
 
 
 @contextlib.contextmanager
-def _main_not_reimported(env):
+def _main_not_reimported(env, algo=None):
     """Start a child without making it run the parent's script again.
 
     spawn and forkserver children import the parent's __main__ file so that objects pickled by
     reference to it resolve; a script that trains at import time (no `if __name__ ==
     "__main__":` guard) would then train again in every actor.  Actors need nothing from
-    __main__ unless the env factory lives there, so the file is hidden while they start."""
+    __main__ unless the env factory or the algorithm lives there, so the file is hidden while they start."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if path is None or _main_needed(env) or getattr(main, "__spec__", None) is not None:
+    if path is None or _main_needed(env, algo) or getattr(main, "__spec__", None) is not None:
         yield
         return
     del main.__file__

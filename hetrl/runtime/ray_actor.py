@@ -17,6 +17,7 @@ there while the learner is behind.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from typing import Any
@@ -31,7 +32,9 @@ class RayActor:
             torch.set_num_threads(1)
         torch.set_flush_denormal(True)
         self.server = server
-        self.actor = spec.build()
+        # a copy: Ray hands numpy arrays over read-only (zero-copy), and an acting policy may keep state of its
+        # own in them (DDPG's Ornstein-Uhlenbeck noise, reset in place at episode ends)
+        self.actor = copy.deepcopy(spec).build()
 
     def where(self) -> dict:
         import ray

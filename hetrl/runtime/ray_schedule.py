@@ -7,8 +7,11 @@
 * The replay server (hetrl/replay/server.py, seeds/004) is replay manager + data storage + rate
   limiter in a threaded Ray actor (`replay_shards` of them; actor i feeds shard i mod S).
   Prioritised sampling and the gather happen there; the learner gets ready batches, keeps one
-  request in flight while it learns (prefetch) and sends |TD| back to the tree that sampled.
+  request in flight while it learns (prefetch, where the priority lag allows it) and sends |TD|
+  back to the tree that sampled; a sample waits at the server for the priorities sent before it.
 * Parameters: one `ray.put` per publication, read by every actor (params.RayParameterStore).
+* When actors collect and how many batches the learner asks for is the learner core's replay
+  ratio (hetrl/runtime/ratio.py), as in every schedule; the servers apply its sample side per shard.
 
 An actor that dies (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs;
 env steps are counted from the servers' acknowledgements, so a chunk lost with its actor is
@@ -29,14 +32,12 @@ import torch
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
-from hetrl.replay.rate_limiter import RatioRule
 from hetrl.replay.server import ReplayServer, ShardedReplay
-from hetrl.runtime.core import LearnerCore, Restarts, Schedule
+from hetrl.runtime.core import LearnerCore, Schedule
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
 
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
-PER_GROUP = 8            # prioritised: batches per sample call (their priorities are updated together)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
 
 
@@ -64,7 +65,7 @@ def connect(cfg: Config):
             ray.init(address=cfg.ray_address, **kw)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot connect to the Ray cluster at {cfg.ray_address!r}: {e}; start one with "
-                             "`ray start --head` (README: Ray) or drop --address to start a local one") from None
+                             "`ray start --head` (docs/ray.md) or drop --address to start a local one") from None
     else:  # a new Ray of its own, even where `ray start` left a cluster on this machine (use --address auto for it)
         ray.init(address="local", num_cpus=os.cpu_count() or 1, **kw)
         _started = True
@@ -147,33 +148,20 @@ class RaySchedule(Schedule):
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
         local = os.cpu_count() or 1
-        # prioritised replay: the local schedule samples one batch per priority update (exact);
-        # here every sample is a remote call (~ms), so up to PER_GROUP batches are drawn together
-        # and their priorities written back after the group is learned (PEARL's relaxed
-        # sample / priority-update dependency)
-        per_phase = cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq
-        group = lay.group if not cfg.prioritized else max(1, min(PER_GROUP, per_phase))
-        self.lay = lay = replace(lay, group=group,
-                                 # the window must hold every actor's chunk plus one group, or both sides wait
-                                 error_buffer=max(lay.error_buffer, lay.spi * lay.actors * lay.chunk
-                                                  + group * cfg.batch_size),
-                                 learner_threads=cfg.threads or max(1, min(local - lay.actors, lay.learner_threads)))
+        self.lay = lay = replace(lay, learner_threads=cfg.threads or max(1, min(local - lay.actors,
+                                                                                 lay.learner_threads)))
         if cfg.replay_shards > lay.actors:
             self.close()
             raise UsageError(f"replay_shards={cfg.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
-        self.core = LearnerCore(cfg, env, lay.learner_threads)
-        self.core.max_lag = lay.max_lag
-        self.rule = RatioRule.from_error_buffer(lay.spi, lay.min_size, lay.error_buffer)
+        self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.replay_shards)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
-        self._pending = None            # (shard, ObjectRef, transitions) of a sample request in flight
-        self._requested = 0             # transitions asked from the servers, including a request in flight
-        self._reserved = 0              # env steps granted to collect calls in flight
+        self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
         self._shard_inserts = [0] * cfg.replay_shards
+        self._prio_sent = [0] * cfg.replay_shards   # priority updates sent to each shard
         self._finished = False
         self._prio_refs: list = []
-        self._restarts = Restarts(self.core)
         self.startup_s = 0.0
         self._check_resources(ray)
         t0 = time.perf_counter()
@@ -207,16 +195,10 @@ class RaySchedule(Schedule):
         # batches reach the learner through local shared memory
         where = NodeAffinitySchedulingStrategy(node_id=here, soft=True)
         per = -(-cfg.buffer_size // S)
-        min_size = max(1, -(-lay.min_size // S))
-        # the servers hold the sampler to the ratio; this schedule's own actors are held at the grant
-        # (core.may_grant), so an insert already collected is never kept waiting on the learner
-        eb = max(lay.error_buffer / S, 2 * max(1.0, lay.spi))
-        error_buffer = (lay.spi * min_size - eb, float("inf"))
         self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
             per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
-            seed=cfg.seed + 7 * i, samples_per_insert=lay.spi, min_size=min_size,
-            error_buffer=error_buffer, rate_limit=cfg.rate_limit,
-            check_finite=cfg.check_finite, frames=self.core.frames)
+            seed=cfg.seed + 7 * i, check_finite=cfg.check_finite, frames=self.core.frames,
+            **self.core.ratio.server_rule(S))
             for i in range(S)]
         self.replay = ShardedReplay(self.servers)
 
@@ -225,7 +207,7 @@ class RaySchedule(Schedule):
 
         from hetrl.runtime.ray_actor import RayActor
 
-        spec = self.core.actor_spec(s.index, self.lay.envs_per_actor, self._restarts.count.get(s.index, 0))
+        spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
         remote = ray.remote(num_cpus=self.cfg.ray_actor_cpus, max_restarts=0)(RayActor)
         s.handle = remote.remote(spec, self.servers[s.index % len(self.servers)], self.cfg.actor_one_thread)
         s.calls = {}
@@ -264,34 +246,25 @@ class RaySchedule(Schedule):
             refs.append(self._pending[1])
         return refs
 
-    def _owed(self) -> float:
-        return self.core.owed(self.lay, self._requested)
-
     def _check_finished(self) -> bool:
         if self._finished:
             return True
-        c, cfg = self.c, self.cfg
-        if c.env_steps < cfg.steps or self._pending is not None:
-            return False
-        if cfg.rate_limit and c.env_steps >= self.lay.min_size and self._owed() >= cfg.batch_size:
+        if self._pending is not None or not self.core.ratio.finished():
             return False
         self._finished = True
         self._stop_actors()
         return True
 
     def _grant(self) -> None:
-        lay = self.lay
-        m = lay.envs_per_actor
         for s in self.slots:
             while len(s.calls) < IN_FLIGHT:
-                n = self.core.grant_size(lay, self._reserved)
-                if n <= 0 or not self.core.may_grant(self.rule, self._reserved, self._requested, n):
+                grant = self.core.next_grant(self.lay.envs_per_actor)
+                if grant is None:
                     return
-                table = self.core.exploration(self.c.env_steps + self._reserved, n, m)
+                n, table = grant
                 ref = s.handle.collect.remote(n, table, self.params)
                 s.calls[ref] = n
-                self.core.granted(ref)
-                self._reserved += n
+                self.core.granted(ref, n)
 
     def _harvest(self) -> None:
         import ray
@@ -301,8 +274,7 @@ class RaySchedule(Schedule):
                 continue
             ready, _ = ray.wait(list(s.calls), num_returns=len(s.calls), timeout=0)
             for ref in ready:
-                n = s.calls.pop(ref)
-                self._reserved -= n
+                s.calls.pop(ref)
                 self.core.returned(ref)
                 try:
                     steps, rows, version, episodes, busy, counters = ray.get(ref)
@@ -327,29 +299,25 @@ class RaySchedule(Schedule):
     def _on_actor_death(self, s: _Slot, err) -> None:
         """A new actor takes the dead one's place (Ray places it wherever there are CPUs, e.g. when
         its node was lost); its calls in flight are lost: their env steps are granted again."""
-        for ref, n in s.calls.items():
-            self._reserved -= n
-            self.core.returned(ref)
-        s.calls = {}
-        self._restarts.record(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close)
+        lost, s.calls = list(s.calls), {}
+        self.core.actor_died(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close, lost)
         self._spawn(s)
 
     # learning -----------------------------------------------------------------------------------------
     def _request(self) -> None:
-        """Ask the next shard for a group of batches (the server waits until its rate limiter allows)."""
-        cfg, B = self.cfg, self.cfg.batch_size
-        if self._pending is not None or self.c.env_steps < self.lay.min_size:
+        """Ask the next shard for the group of batches the core's replay ratio allows (the server waits
+        until its rate limiter allows, and until the priorities sent to it before are written)."""
+        if self._pending is not None:
             return
-        g = int(min(self.lay.group, self._owed() // B)) if cfg.rate_limit else self.lay.group
-        g = min(g, self.core.lag_room(self.lay, self._requested // B))   # max_policy_lag
+        g = self.core.ratio.allowed()
         if g <= 0:
             return
-        beta = self.core.beta()
         shard = self.replay.next
         self.replay.next = (shard + 1) % len(self.servers)
-        ref = self.servers[shard].sample.remote(g, B, beta, SAMPLE_WAIT_S)
-        self._pending = (shard, ref, g * B)
-        self._requested += g * B
+        ref = self.servers[shard].sample.remote(g, self.cfg.batch_size, self.core.beta(), SAMPLE_WAIT_S,
+                                                self._prio_sent[shard])
+        self._pending = (shard, ref, g)
+        self.core.ratio.drawn(g)
 
     def _learn_step(self) -> bool:
         import ray
@@ -357,7 +325,7 @@ class RaySchedule(Schedule):
         self._request()
         if self._pending is None:
             return False
-        shard, ref, n = self._pending
+        shard, ref, g = self._pending
         ready, _ = ray.wait([ref], timeout=0)
         if not ready:
             return False
@@ -365,19 +333,21 @@ class RaySchedule(Schedule):
         got = ray.get(ref)
         self._pending = None
         if got is None:  # the rate limiter held it: ask again later
-            self._requested -= n
+            self.core.ratio.undrawn(g)
             return False
         stack, keys, weights, counters = got
         self._count_inserts(shard, counters["inserts"])
-        self._request() if self.cfg.prefetch else None  # the next group is drawn while this one is learned
+        if self.cfg.prefetch:  # the next group is drawn while this one is learned (where the priority lag allows)
+            self._request()
         self.c.replay_s += time.perf_counter() - t0
-        self.c.samples += n
         td = self.core.learn({k: _tensor(v) for k, v in stack.items()}, _tensor(weights))
         if self.cfg.prioritized:
             self._prio_refs.append(self.servers[shard].update_priorities.remote(keys, td.detach().cpu().numpy().reshape(-1)))
+            self._prio_sent[shard] += 1
             if len(self._prio_refs) > 16:  # surface errors and bound what is in flight
                 ray.get(self._prio_refs[:8])
                 del self._prio_refs[:8]
+        self.core.ratio.written(g)
         return True
 
     # ---- life cycle -----------------------------------------------------------------------------------
@@ -393,9 +363,6 @@ class RaySchedule(Schedule):
             if said:
                 return kind(said.group(1).strip())
         return HetrlError(f"a Ray actor failed {where}: {e}")
-
-    def actor_handles(self) -> list:
-        return [s.handle for s in self.slots]
 
     def _stop_actors(self) -> None:
         import ray
@@ -431,13 +398,17 @@ class RaySchedule(Schedule):
                 "actor_busy_fraction": self.c.acting_s / (lay.actors * wall) if wall else 0.0,
                 "startup_s": self.startup_s, "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
+    def extended(self) -> None:
+        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
+            self._finished = False
+            self._restart_actors()
+
     def _restart_actors(self) -> None:
         """After a checkpoint: the rate limiter continues from the run's counters, spread over the shards,
         and actors started with seeds for step 0 are replaced by actors with seeds for this step count."""
         import ray
 
         c, S = self.c, len(self.servers)
-        self._requested = c.samples
         self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
         ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S) for i, h in enumerate(self.servers)])
         self._stop_actors()

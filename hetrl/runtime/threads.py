@@ -1,7 +1,7 @@
 """The learner's threads follow the machine's load, during the run.
 
-A multi-threaded CPU learner (libgomp's spinning OpenMP threads) is ~1.3x faster on cores of its
-own, and collapses (measured here: 3,000 DQN steps took 145 s instead of 9.6 s) when another
+A multi-threaded CPU learner (libgomp's spinning OpenMP threads) is faster on cores of its own
+(about 1.3x with two threads), and collapses (an order of magnitude slower) when another
 CPU-bound process takes one of those cores: its threads wait at every barrier for a thread the
 OS descheduled. The planner sees the free cores once, at the start; this governor keeps looking.
 Every `interval_s` it reads /proc/stat (the machine's busy time) and this process's own CPU time:
@@ -43,8 +43,8 @@ class ThreadGovernor:
         self.apply = apply or torch.set_num_threads   # how the learner takes a thread count
         self.cores = cores or os.cpu_count() or 1
         self.read = read or (lambda: (time.perf_counter(), machine_busy_s(), own_cpu_s()))
-        # the clock alone decides whether to look again: reading /proc/stat on every learner call cost
-        # ~0.2 ms per SAC step (measured right after a phase, with cold caches)
+        # the clock alone decides whether to look again: reading and parsing /proc/stat on every learner
+        # call would cost a visible share of a small network's update
         self.clock = (lambda: self.read()[0]) if read is not None else time.perf_counter
         self.threads = planned
         self.changes = 0

@@ -138,7 +138,7 @@ def sarsa_pol_f32(q, s, a, r, s2, done, alpha, gamma, thr, state):
         target = r[i]
         if done[i] == 0:
             n = s2[i]
-            # epsilon-greedy a' written out here: a helper taking `q` costs 4x (array refcounts)
+            # epsilon-greedy a' written out inline: a helper taking `q` costs about 4x (array refcounts per call)
             if thr > _U0 and (xorshift64s(state) >> _M53) < thr:
                 best = rand_below(state, na)
             else:

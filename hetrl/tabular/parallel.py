@@ -53,9 +53,10 @@ PAGE = 4096  # bytes between the memory that different workers write
 def worker_tables(workers: int, n_states: int, n_actions: int, dtype) -> np.ndarray:
     """(W, S, A) view whose W tables are >= PAGE bytes apart, so no two share a 4 KiB page.
 
-    128 bytes (no shared cache line or adjacent-line pair) was not enough: two concurrent
-    Taxi workers whose tables shared a page ran ~6% slower than one alone, with a page
-    between them they ran as fast (docs/tabular.md). Each qs[w] is C-contiguous."""
+    128 bytes (no shared cache line or adjacent-line pair) is not enough: two concurrent
+    workers whose tables share a page run slower than one alone (the page's TLB and
+    prefetcher state are shared), with a page between them as fast (docs/tabular.md). Each
+    qs[w] is C-contiguous."""
     row = n_actions * np.dtype(dtype).itemsize
     pad = -(-PAGE // row)
     return np.zeros((workers, n_states + pad, n_actions), dtype)[:, :n_states]
@@ -164,7 +165,7 @@ def prepare_rewards(r: np.ndarray, dtype: str, frac_bits: int | None, bounds=Non
 
     The int32 conversion runs once per call, before the rounds: one thread per shard of
     `bounds` (NumPy releases the GIL), in chunks so that no dataset-sized float64 temporary
-    is page-faulted in (10M rewards: 70 ms serial whole-array, ~20 ms this way)."""
+    is page-faulted in (about 3x faster than one whole-array conversion)."""
     if dtype != "int32":
         return np.ascontiguousarray(r, np.float32)
     bounds = [0, len(r)] if bounds is None else bounds

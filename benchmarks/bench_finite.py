@@ -1,4 +1,4 @@
-"""Cost of the non-finite guard on the hot path: ``python -m hetrl.replay._bench_finite``.
+"""Cost of the non-finite guard on the hot path: ``python benchmarks/bench_finite.py``.
 
 Times ``ReplayBuffer.insert`` of a CartPole-sized batch (256 rows, obs (4,)) with and without
 ``check_finite``, the check alone, and a DQN CartPole learner phase (128 updates of batch 64 on a

@@ -1,11 +1,11 @@
 """Micro-benchmark of the SumTree backends (numba vs NumPy) across fanouts.
 
-Run with ``python -m hetrl.replay._bench_sumtree [--capacity N] [--batch B]``.
+Run with ``python benchmarks/bench_sumtree.py [--capacity N] [--batch B]``.
 Prints microseconds per ``update`` and per ``sample`` call (median of
 ``--rounds`` rounds) for every backend and fanout; one update + one sample of
 a batch is what one prioritized-replay learner step costs.  Runs on one
 thread so the figures do not depend on the machine's load from other cores
-more than necessary.  The figures quoted in ``sumtree.py`` come from here.
+more than necessary.  ``sumtree.py``'s choice of backend and fanout rests on it.
 """
 
 from __future__ import annotations

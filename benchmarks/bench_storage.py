@@ -1,6 +1,6 @@
 """Micro-benchmark of the ways to gather replay rows into CPU torch tensors.
 
-Run with ``python -m hetrl.replay._bench_storage``.  For a few typical
+Run with ``python benchmarks/bench_storage.py``.  For a few typical
 fields and batch sizes 64 and 256, prints microseconds per gather (median of
 5 rounds, 1 thread) of:
 
@@ -9,7 +9,7 @@ fields and batch sizes 64 and 256, prints microseconds per gather (median of
 * ``index_select`` -- ``torch.from_numpy(arr).index_select(0, torch.from_numpy(idx))``
 * ``tensor[idx]``  -- ``torch.from_numpy(arr)[torch.from_numpy(idx)]``
 
-``Storage.get`` uses the winner; the figures are quoted in ``storage.py``.
+``Storage.get`` (``hetrl/replay/storage.py``) uses the winner.
 """
 
 from __future__ import annotations

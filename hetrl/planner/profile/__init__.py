@@ -1,0 +1,168 @@
+"""Profile: time each primitive of the training protocol on every device present, cache the table.
+
+What is measured (seconds per call; every figure is a :class:`~hetrl.planner.measure.Timing`
+repeated until stable, with its spread), for the run's algorithm, env and network, one module per
+part of the protocol:
+
+=================  ==============================================================================
+envs.py
+``env``            one step of a vector of W envs (SyncVectorEnv, random actions), per width W
+``act``            one actor vector step of width W: envs + CPU inference + n-step adder (Actor.collect)
+``infer``          policy inference (``policy.act``) for W observations, per device
+learner.py
+``learner_kernel`` the kernel that runs the learner on each device (hetrl.kernels.choose)
+``learn``          one gradient step (``algo.learn`` on a synthetic batch of B), per device, per
+                   torch thread count (CPU), per batch size B
+``learn_grouped``  the same at the run's batch size with K gradient steps per ``learn`` call, per step,
+                   per thread count, for the K the schedules use (local: up to 32; inline: a phase)
+``param_sync``     publish the learner's weights + load them into an actor policy
+replay.py
+``ds_insert``      data storage: ``Storage.insert`` of n transitions already on the device
+``ds_gather``      data storage: ``Storage.get`` of n slots (keys already on the device)
+``prefetch``       the local schedule's learner loop per group of gradient steps (CPU learner, 1 thread):
+                   the next group drawn by a prefetch thread during the update vs drawn in line
+``rm_insert``      replay manager: sum-tree update of n new slots at max priority
+``rm_sample``      replay manager: prioritized sample of n keys + importance weights
+``rm_uniform``     replay manager: uniform sample of n keys
+``rm_update``      replay manager: ``ReplayBuffer.update_priorities`` of n keys
+transfer.py
+``transfer``       latency and bandwidth per ordered device pair ("cpu->cpu": in-memory copy;
+                   "cpu->cuda:0" pageable and pinned, "cuda:0->cpu", ...), and "ipc": a pipe
+                   between two processes
+power.py
+``power``          per device idle/busy watts, with their source
+=================  ==============================================================================
+
+Single-threaded CPU primitives are timed in CPU time of the process (what they cost, not how
+long they waited for a core that another program held). A learner of t > 1 threads is its
+1-thread figure x the ratio of its wall times with t threads and with 1, from back-to-back pairs
+of rounds (measure_threads): how much threads gain depends on OpenMP's barriers and wait policy
+and on what the other cores do, not on the CPU time they burn, and only the wall clock sees
+that; a ratio taken pair by pair stays right while the speed of a shared machine drifts with its
+neighbours' load. GPU work and the pipe are timed in wall time.
+
+The table (table.py: :class:`ProfileTable`) is cached as JSON, one file per machine and per
+(algorithm, env, network) in :func:`cache_dir`; it is re-used while it covers the sizes the run
+needs, re-measured with ``refresh=True`` (``hetrl profile --refresh``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from typing import Callable
+
+from hetrl.errors import UsageError
+from hetrl.planner.profile.context import Budget, Context, sync_of
+from hetrl.planner.profile.envs import measure_envs, measure_inference
+from hetrl.planner.profile.learner import Learners, learn_timing, measure_learner, synthetic_batch
+from hetrl.planner.profile.replay import (PREFETCH_MARGIN, measure_prefetch, measure_replay_manager, measure_storage,
+                                          prefetch_timing)
+from hetrl.planner.profile.table import (DEFAULT_WIDTHS, FORMAT, QUICK_WIDTHS, ProfileTable, _covers, cache_dir,
+                                         cache_path, calibrate, grid_for, machine_id, machine_info, network_key,
+                                         prefetch_key, present_devices)
+from hetrl.planner.profile.transfer import measure_transfers
+
+__all__ = ["DEFAULT_WIDTHS", "FORMAT", "PREFETCH_MARGIN", "QUICK_WIDTHS", "ProfileTable", "cache_dir", "cache_path",
+           "calibrate", "grid_for", "learn_timing", "load_or_profile", "machine_id", "machine_info", "network_key",
+           "prefetch_key", "prefetch_timing", "present_devices", "run_profile", "sync_of", "synthetic_batch"]
+
+
+class _NoRapl:
+    available = False
+    domains: list = []
+
+
+def _primitives(grid: dict, devices: list[str]) -> int:
+    """How many primitives a profile of `grid` on `devices` times (each gets a share of the budget)."""
+    W, T, Bs, S, I = grid["widths"], grid["threads"], grid["batches"], grid["samples"], grid["inserts"]
+    n_gpu = sum(d != "cpu" for d in devices)
+    return (3 * len(W) + len(W) * len(devices) + len(Bs) * (len(T) + n_gpu) + len(devices) * 2
+            + len(devices) * (len(I) + len(S)) + (3 * len(S) + len(I)) + 2 * (1 + 3 * n_gpu) + 2
+            + 2 * len(grid.get("prefetch", [])))
+
+
+def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
+                cap_s: float = 2.0, tol: float = 0.05, progress: Callable[[str], None] | None = None,
+                measure_power: bool = True, ipc: bool = True, refresh_kernels: bool = False,
+                env=None) -> ProfileTable:
+    """Measure every primitive for ``cfg`` (algo, env, network, batch sizes) on ``devices``
+    (default: every device present). ``budget_s`` bounds the whole profile: each primitive
+    gets at most ``cap_s`` and an equal share of what is left. `env`: a factory or Env the run was
+    given (default: cfg.env)."""
+    import torch
+
+    from hetrl.actors import probe_spaces
+    from hetrl.actors.envs import prepare_env
+    from hetrl.algos import replay_spec
+    from hetrl.planner.power import device_power
+
+    t_start = time.perf_counter()
+    machine = machine_info()
+    devices = devices or present_devices()
+    for d in devices:
+        if d != "cpu" and not (torch.cuda.is_available() and d.startswith("cuda")):
+            raise UsageError(f"cannot profile device {d}: CUDA is not available here; profile cpu only")
+    grid = grid_for(cfg, quick, machine["cores"])
+    mkw = {"tol": tol}
+    if quick:
+        budget_s, cap_s = min(budget_s, 5.0), min(cap_s, 0.2)
+        mkw.update(min_rounds=4, window=3, min_round_s=0.003)
+    env = prepare_env(env if env is not None else cfg.env, cfg)   # the wrappers of the settings (Atari, frame_stack)
+    obs_space, act_space = probe_spaces(env)
+    ctx = Context(cfg, env, obs_space, act_space, replay_spec(cfg, obs_space, act_space), devices, grid,
+                  Budget(budget_s, _primitives(grid, devices), cap_s), mkw, progress or (lambda msg: None))
+    data: dict = {
+        "format": FORMAT, "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine, "machine_id": machine_id(machine), "devices": devices,
+        "key": {"algo": cfg.algo, "env": cfg.env, "network": network_key(cfg), "net_arch": list(cfg.net_arch),
+                "obs_shape": list(obs_space.shape),
+                "action": (f"discrete({act_space.n})" if hasattr(act_space, "n") else f"box{list(act_space.shape)}"),
+                "bytes_per_transition": ctx.bytes_per_transition, "batch_size": cfg.batch_size},
+        "grid": grid, "settings": {"tol": tol, "cap_s": cap_s, "budget_s": budget_s},
+    }
+    old_threads = torch.get_num_threads()
+    old_denormal = torch.set_flush_denormal(True)
+    try:
+        torch.set_num_threads(1)  # actors run one torch thread each
+        learners = Learners(ctx, refresh=refresh_kernels)
+        data["learner_kernel"] = learners.choices
+        data.update(measure_envs(ctx, learners.policy))
+        data.update(measure_inference(ctx, learners.policy))
+        data.update(measure_learner(ctx, learners))
+        data.update(measure_storage(ctx))
+        data.update(measure_prefetch(ctx, learners.cpu))
+        data.update(measure_replay_manager(ctx))
+        data.update(measure_transfers(ctx, ipc))
+        ctx.say("device power (RAPL / NVML, else estimated)")
+        power = device_power(devices, machine, seconds=0.3) if measure_power else \
+            device_power(devices, machine, rapl=_NoRapl())
+        data["power"] = {d: p.to_json() for d, p in power.items()}
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.set_flush_denormal(old_denormal)
+    data["profile_s"] = round(time.perf_counter() - t_start, 2)
+    return ProfileTable(data)
+
+
+def load_or_profile(cfg, refresh: bool = False, quick: bool = False, progress: Callable[[str], None] | None = None,
+                    **kwargs) -> ProfileTable:
+    """The cached table for ``cfg`` on this machine, measuring (and caching) it first when it
+    is missing, unreadable, does not cover the sizes ``cfg`` needs, or ``refresh`` is set."""
+    machine = machine_info()
+    path = cache_path(cfg, machine)
+    need = grid_for(cfg, quick, machine["cores"])
+    if path.exists() and not refresh:
+        try:
+            table = ProfileTable.load(path)
+            if table.data.get("machine") == machine and _covers(table.data.get("grid", {}), need) \
+                    and table.data["key"].get("network") == network_key(cfg):
+                return table
+            if progress:
+                progress(f"cached profile {path} does not cover this run's sizes; re-measuring")
+        except (ValueError, KeyError, OSError) as e:
+            if progress:
+                progress(f"cached profile {path} is unreadable ({e}); re-measuring")
+    table = run_profile(cfg, quick=quick, progress=progress, refresh_kernels=refresh, **kwargs)
+    table.save(path)
+    return table

@@ -1,0 +1,363 @@
+"""The profile table: what a profile measured, read by the planner's model; where it is cached;
+the sizes a run needs measured; the last run's correction (calibrate).
+
+The document (JSON, docs/planner.md) holds one section per primitive, each a map from size (or
+device, thread count) to a :class:`~hetrl.planner.measure.Timing`; the sections are listed in
+hetrl/planner/profile/__init__.py. It is cached one file per machine (hostname, CPU model, cores,
+torch version, GPU names) and per (algorithm, env, network) in :func:`cache_dir`, re-used while it
+covers the sizes the run needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+from hetrl.planner.measure import Timing
+from hetrl.runtime.layout import grads_per_phase, group_size, prefetch_fits  # the runtime's phase and group sizes
+
+FORMAT = "hetrl-profile/13"   # 13: the learner kernel per device (learner_kernel: a kernels.Choice)
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
+QUICK_WIDTHS = (1, 2)
+
+
+# --- where the table lives (this machine: hetrl/machine.py) ----------------------------------------
+from hetrl.machine import cache_dir, machine_id, machine_info, present_devices  # noqa: E402,F401
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", s).strip("_")
+
+
+def network_key(cfg) -> str:
+    key = "x".join(str(h) for h in cfg.net_arch)
+    if cfg.qf_arch:   # critics of their own width: another learner to time
+        key += "-qf" + "x".join(str(h) for h in cfg.qf_arch)
+    key += f"-stack{cfg.frame_stack}" if cfg.frame_stack > 1 else ""   # another input (and CNN) shape
+    key += f"-{cfg.activation}" if cfg.activation != "relu" else ""
+    key += "-ln" if cfg.layer_norm else ""
+    from hetrl import registry
+
+    for name in getattr(registry.get(cfg.algo), "shape_settings", ()):   # the algorithm's own (DQN: dueling)
+        value = getattr(cfg, name, None)
+        key += (f"-{name}" if value else "") if isinstance(value, bool) else f"-{name}{value}"
+    return key
+
+
+def cache_path(cfg, machine: dict | None = None) -> Path:
+    machine = machine or machine_info()
+    backend = "" if cfg.env_backend == "auto" else f"-{cfg.env_backend}"   # auto: the profile measured both
+    return cache_dir() / f"profile-{cfg.algo}-{_slug(cfg.env)}-{network_key(cfg)}{backend}-{machine_id(machine)}.json"
+
+
+# --- sizes to measure ------------------------------------------------------------------------
+def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
+    """The sizes a plan for ``cfg`` needs. ``quick``: a tiny grid (tests)."""
+    cores = cores or os.cpu_count() or 1
+    B = cfg.batch_size
+    widths = sorted(set(QUICK_WIDTHS if quick else DEFAULT_WIDTHS) | ({cfg.num_envs} if not quick else set()))
+    threads = sorted({1} | ({t for t in (2, 4, 8, 16, 32, 64) if t <= cores} | {cores} if not quick else set()))
+    batches = [B] if quick else sorted({max(1, B // 2), B, 2 * B})
+    g = grads_per_phase(cfg)
+    k_groups = sorted({k for k in (min(g, 32, 65536 // B), min(g, 65536 // B)) if k > 1})
+    samples = sorted(set(batches) | {min(g * B, 65536), min(g, 32) * B})  # inline / local groups
+    inserts = sorted({1, 16, 256} | ({cfg.train_freq} if cfg.train_freq <= 4096 else set()))
+    if quick:
+        inserts = sorted({16, min(cfg.train_freq, 256)})
+    # the local schedule's learner loops whose prefetch thread is timed: uniform replay's group, and
+    # prioritized replay's where its priority lag leaves room for a prefetch (exact PER never prefetches)
+    prefetch = [prefetch_key(False, group_size(g, False))]
+    per_group = group_size(g, True, cfg.priority_lag)
+    if prefetch_fits(per_group, True, cfg.priority_lag):
+        prefetch.append(prefetch_key(True, per_group))
+    return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
+            "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups, "prefetch": prefetch}
+
+
+def prefetch_key(prioritized: bool, group: int) -> str:
+    """The profile's name of a learner loop whose prefetch thread is timed: 'uniform:32', 'prioritized:1'."""
+    return f"{'prioritized' if prioritized else 'uniform'}:{group}"
+
+
+def _covers(have: dict, need: dict) -> bool:
+    for k, v in need.items():
+        h = have.get(k)
+        if isinstance(v, list):
+            if not isinstance(h, list) or not set(v) <= set(h):
+                return False
+        elif h != v:
+            return False
+    return True
+
+
+# --- the table -------------------------------------------------------------------------------
+def _interp(points: dict, x: float) -> float:
+    """Piecewise-linear in x through the measured points, affine extrapolation outside
+    (slope >= 0; never below 0). A call on more items is never cheaper: the points are made
+    non-decreasing first (a running max), which irons out measurement noise."""
+    if not points:
+        raise KeyError("no measurements")
+    xs = sorted(points)
+    ys = []
+    for k in xs:
+        ys.append(max(points[k], ys[-1]) if ys else points[k])
+    if x in points:
+        return ys[xs.index(x)]
+    if len(xs) == 1:
+        return ys[0]
+    i = bisect.bisect_left(xs, x)
+    if i == 0:
+        lo, hi = 0, 1
+    elif i >= len(xs):
+        lo, hi = len(xs) - 2, len(xs) - 1
+    else:
+        lo, hi = i - 1, i
+    slope = max(0.0, (ys[hi] - ys[lo]) / (xs[hi] - xs[lo]))
+    return max(0.0, ys[lo] + slope * (x - xs[lo])) if i else max(0.0, ys[0] - slope * (xs[0] - x))
+
+
+class ProfileTable:
+    """The profiled figures with the accessors the model uses (all in seconds).
+
+    ``data`` is the JSON document (see docs/planner.md); sizes are string keys there."""
+
+    def __init__(self, data: dict, path: Path | None = None, from_cache: bool = False):
+        self.data, self.path, self.from_cache = data, path, from_cache
+
+    # -- identity
+    @property
+    def devices(self) -> list[str]:
+        return list(self.data["devices"])
+
+    @property
+    def cores(self) -> int:
+        return int(self.data["machine"]["cores"])
+
+    @property
+    def widths(self) -> list[int]:
+        return sorted(int(w) for w in self.data["env"])
+
+    @property
+    def key(self) -> dict:
+        return self.data["key"]
+
+    @property
+    def bytes_per_transition(self) -> int:
+        return int(self.data["key"]["bytes_per_transition"])
+
+    def _pts(self, section: str, *path: str) -> dict[int, float]:
+        node = self.data[section]
+        for p in path:
+            node = node[p]
+        return {int(k): Timing.from_json(v).s for k, v in node.items()}
+
+    def has(self, section: str, device: str) -> bool:
+        return device in self.data.get(section, {})
+
+    # -- primitives
+    def env(self, w: int) -> float:
+        return _interp(self._pts("env"), w)
+
+    def infer(self, device: str, w: int) -> float:
+        return _interp(self._pts("infer", device), w)
+
+    def act(self, w: int, infer_device: str = "cpu") -> float:
+        """One actor vector step of width w with inference on ``infer_device``."""
+        if "act" in self.data and self.data["act"]:
+            base = _interp(self._pts("act"), w) - self.infer("cpu", w)
+        else:
+            base = self.env(w)
+        return max(self.env(w), base) + self.infer(infer_device, w)
+
+    def learner_threads(self, device: str) -> list[int]:
+        return sorted(int(t) for t in self.data["learn"][device])
+
+    def learn(self, device: str, batch: int, threads: int = 1) -> float:
+        ts = self.learner_threads(device)
+        t = max([x for x in ts if x <= threads] or [ts[0]])
+        return _interp(self._pts("learn", device, str(t)), batch)
+
+    def prefetch(self, device: str, prioritized: bool, group: int) -> dict:
+        """The timing of the local schedule's learner loop with and without its prefetch thread, for a
+        learner on `device` drawing groups of `group` batches ({} where not measured: GPU learners)."""
+        return (self.data.get("prefetch") or {}).get(prefetch_key(prioritized, group), {}) if device == "cpu" else {}
+
+    def prefetch_pays(self, device: str, prioritized: bool, group: int) -> bool:
+        """Whether the prefetch thread measured faster than the draw in line (where not measured: yes,
+        the runtime's default)."""
+        return bool(self.prefetch(device, prioritized, group).get("chosen", True))
+
+    def calibration(self, device: str) -> dict | None:
+        """The last run's correction of the learner's profiled time on `device` (see calibrate())."""
+        return self.data.get("calibration", {}).get("learn", {}).get(device)
+
+    def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1, calibrated: bool = True) -> float:
+        """Seconds per gradient step when ``learn`` gets k steps per call: the grouped figure
+        profiled at this thread count (the nearest profiled k), else the single-step figure
+        scaled by the profiled gain of grouping, else the single-step figure; times the factor the
+        last run on this machine measured against it (calibrated=True, see calibrate())."""
+        cal = self.calibration(device) if calibrated else None
+        return self._learn_step(device, batch, threads, k) * (float(cal["factor"]) if cal else 1.0)
+
+    def _learn_step(self, device: str, batch: int, threads: int, k: int) -> float:
+        single = self.learn(device, batch, threads)
+        g = self.data.get("learn_grouped", {}).get(device)
+        if k <= 1 or not g:
+            return single
+        ts = sorted(int(t) for t in g)
+        th = max([x for x in ts if x <= threads] or [ts[0]])
+        pts = {int(kk): Timing.from_json(t).s for kk, t in g[str(th)].items()}
+        kk = min(pts, key=lambda x: (abs(math.log(x / k)), -x))
+        if batch == self.key.get("batch_size"):
+            return pts[kk]
+        at = self.learn(device, int(self.key["batch_size"]), th)
+        return single * min(1.0, pts[kk] / at) if at > 0 else single
+
+    def op(self, section: str, device: str, n: int) -> float:
+        return _interp(self._pts(section, device), n)
+
+    def param_sync(self, device: str) -> float:
+        v = self.data.get("param_sync", {}).get(device)
+        return Timing.from_json(v).s if v is not None else 0.0
+
+    def link(self, key: str) -> dict | None:
+        return self.data.get("transfer", {}).get(key)
+
+    def xfer(self, src: str, dst: str, nbytes: float, pinned: bool = False) -> float:
+        """Seconds to move nbytes from src to dst: latency + bytes / bandwidth (0 on the same
+        device; via the host when the pair was not profiled)."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        link = self.link(f"{src}->{dst}")
+        if link is None:
+            if src != "cpu" and dst != "cpu":
+                return self.xfer(src, "cpu", nbytes, pinned) + self.xfer("cpu", dst, nbytes, pinned)
+            raise KeyError(f"transfer {src}->{dst} not in the profile")
+        if pinned and "pinned" in link:
+            link = link["pinned"]
+        return float(link["latency_s"]) + nbytes / float(link["bandwidth_Bps"])
+
+    def ipc(self, nbytes: float) -> float:
+        """One message of nbytes between two processes (pipe); falls back to a host copy."""
+        link = self.link("ipc") or self.link("cpu->cpu")
+        if link is None:
+            return 0.0
+        return float(link["latency_s"]) + nbytes / float(link["bandwidth_Bps"])
+
+    def power(self, device: str):
+        from hetrl.planner.power import DevicePower, estimate_cpu_power, estimate_gpu_power
+
+        entry = self.data.get("power", {}).get(device)
+        if entry:
+            return DevicePower.from_json(entry)
+        if device == "cpu":
+            return estimate_cpu_power(self.data["machine"].get("cpu_model", ""), self.cores)
+        gpus = self.data["machine"].get("gpus", [])
+        i = int(device.split(":")[1]) if ":" in device else 0
+        return estimate_gpu_power(gpus[i] if i < len(gpus) else device)
+
+    def device_name(self, device: str) -> str:
+        if device == "cpu":
+            return self.data["machine"].get("cpu_model", "cpu")
+        gpus = self.data["machine"].get("gpus", [])
+        i = int(device.split(":")[1]) if ":" in device else 0
+        return gpus[i] if i < len(gpus) else device
+
+    # -- persistence
+    def to_json(self) -> dict:
+        return self.data
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=False))
+        os.replace(tmp, path)
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "ProfileTable":
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} table")
+        return cls(data, Path(path), from_cache=True)
+
+    def summary_rows(self) -> list[tuple[str, str, str, str, str]]:
+        """(primitive, device, size, median, spread) rows for display."""
+        rows = []
+
+        def add(name, dev, size, t):
+            t = Timing.from_json(t)
+            rows.append((name, dev, str(size), _fmt_s(t.s), f"{100 * t.spread:.1f}%" + ("" if t.stable else " (cap)")))
+
+        for w, t in self.data.get("env", {}).items():
+            add("env step (vector)", "cpu", f"W={w}", t)
+        for w, t in self.data.get("act", {}).items():
+            add("actor step (vector)", "cpu", f"W={w}", t)
+        for sec, label in (("infer", "inference"), ("ds_insert", "DS insert"), ("ds_gather", "DS gather"),
+                           ("rm_insert", "RM insert"), ("rm_sample", "RM sample (prio)"),
+                           ("rm_uniform", "RM sample (uniform)"), ("rm_update", "RM priority update")):
+            for dev, pts in self.data.get(sec, {}).items():
+                for n, t in pts.items():
+                    add(label, dev, f"n={n}", t)
+        for dev, by_t in self.data.get("learn", {}).items():
+            for th, pts in by_t.items():
+                for b, t in pts.items():
+                    add("learner update", dev, f"B={b} threads={th}", t)
+        B = self.key.get("batch_size")
+        for dev, by_t in self.data.get("learn_grouped", {}).items():
+            for th, pts in by_t.items():
+                for k, t in pts.items():
+                    add("learner update, grouped", dev, f"B={B} threads={th} K={k}", t)
+        for dev, t in self.data.get("param_sync", {}).items():
+            add("param publish+load", dev, "", t)
+        for key, link in self.data.get("transfer", {}).items():
+            for kind, lk in [("", link)] + ([(" pinned", link["pinned"])] if "pinned" in link else []):
+                rows.append((f"transfer{kind}", key, "latency", _fmt_s(lk["latency_s"]),
+                             f"{100 * lk.get('spread', 0):.1f}%"))
+                rows.append((f"transfer{kind}", key, "bandwidth", f"{lk['bandwidth_Bps'] / 1e9:.2f} GB/s", ""))
+        return rows
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+CALIBRATION_MIN_STEPS = 500        # a run must have made this many gradient steps ...
+CALIBRATION_MIN_S = 2.0            # ... over this many learner seconds to correct the profile
+CALIBRATION_RANGE = (0.25, 4.0)    # a factor outside is a different workload, not drift: not kept
+
+
+def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float, learner_s: float,
+              gradient_steps: int, run: str = "") -> dict | None:
+    """Feed a finished run's measured learner time back into its cached profile: the factor between
+    the seconds per gradient step the run measured and the profile's figure for the same device,
+    batch, threads and steps per call. The next plan on this machine predicts with it (a CPU shared with
+    other programs changes speed with their load: a profile measured while it was quiet over-predicts
+    a run made while it is busy).
+    Returns the calibration entry written, or None when the run was too short to say."""
+    if gradient_steps < CALIBRATION_MIN_STEPS or learner_s < CALIBRATION_MIN_S:
+        return None
+    try:
+        table = ProfileTable.load(Path(path))
+        profiled = table.learn_step(device, batch, threads, max(1, round(k)), calibrated=False)
+    except (ValueError, KeyError, OSError):
+        return None
+    measured = learner_s / gradient_steps
+    factor = measured / profiled if profiled > 0 else 0.0
+    if not CALIBRATION_RANGE[0] <= factor <= CALIBRATION_RANGE[1]:
+        return None
+    entry = {"factor": round(factor, 4), "measured_step_s": measured, "profiled_step_s": profiled,
+             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run}
+    table.data.setdefault("calibration", {}).setdefault("learn", {})[device] = entry
+    table.save(Path(path))
+    return entry

@@ -1,0 +1,45 @@
+"""Stable-Baselines3's interface over hetrl: one class per registered algorithm, SB3's constructor arguments and
+defaults, learn / predict / save / load / callbacks (docs/sb3.md).
+
+    from hetrl import SAC                  # or hetrl.sb3.model_class("myalgo") for an algorithm of your own
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3).learn(20_000)
+
+Parts: args.py (SB3's arguments -> settings), envs.py (the env given -> what hetrl trains on), model.py (the
+classes), policy.py (model.policy), logger.py (model.logger), noise.py; the callbacks are hetrl/callbacks.py.
+"""
+
+from __future__ import annotations
+
+from hetrl.sb3.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+
+def model_class(name: str):
+    """The SB3-style class of the registered algorithm `name`."""
+    from hetrl.sb3.model import model_class as make
+
+    return make(name)
+
+
+def class_for(attr: str):
+    """The class named `attr` (DQN, SAC, CrossQ, ...) of a registered algorithm, or None."""
+    from hetrl import registry
+    from hetrl.sb3.model import class_name
+
+    for name in registry.names():
+        if class_name(name) == attr:
+            return model_class(name)
+    return None
+
+
+def __getattr__(attr: str):
+    if attr in ("OffPolicyModel", "ReplayBufferView"):
+        from hetrl.sb3 import model
+
+        return getattr(model, attr)
+    cls = class_for(attr) if attr[:1].isupper() else None
+    if cls is None:
+        raise AttributeError(attr)
+    return cls
+
+
+__all__ = ["model_class", "class_for", "NormalActionNoise", "OrnsteinUhlenbeckActionNoise"]

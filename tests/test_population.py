@@ -1,0 +1,154 @@
+"""Populations (hetrl/population.py, hetrl/runtime/population.py): member i is the run of seed i, a population
+of one is a plain run, every member is a complete run, the population reports its statistics, bad input is one
+line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hetrl
+from hetrl.cli import main
+from hetrl.errors import UsageError
+
+# 1,200 env steps, learning from 200 in phases of 100 env steps x 20 gradient steps: over 200 updates
+TINY = dict(steps=1200, learning_starts=200, train_freq=100, gradient_steps=20, batch_size=32, buffer_size=2000,
+            net_arch=[32, 32], num_envs=2, eval_episodes=2, eval_interval=600, threads=1, plan="none",
+            progress=False)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def params(algo) -> list[torch.Tensor]:
+    return [p.detach() for name in algo.nets for p in getattr(algo, name).parameters()]
+
+
+@pytest.mark.parametrize("kernel", ["public", "compiled"])
+def test_member_i_is_the_run_of_seed_i(tmp_path, kernel):
+    """Members step in one vector env and learn side by side (compiled: in parallel lanes), yet each member's
+    parameters after its 200 updates, its evaluations and its TD errors' effects are those of its own run."""
+    pop = hetrl.train("dqn", "CartPole-v1", seeds=[0, 5], out=tmp_path / "pop", learner_kernel=kernel, **TINY)
+    assert pop.schedule.parallel == (kernel == "compiled")
+    for member, run in zip(pop.members, pop.runs):
+        alone = hetrl.train("dqn", "CartPole-v1", seed=member.seed, learner_kernel=kernel, **TINY)
+        assert run.algo.updates == alone.algo.updates >= 200
+        for p, q in zip(params(run.algo), params(alone.algo)):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        assert run.result["evaluations"] == alone.result["evaluations"]
+
+
+def test_a_sac_member_draws_its_own_random_numbers(tmp_path):
+    """SAC's learner draws noise every update: from the member's own generator, as in its own run."""
+    small = dict(TINY, steps=500, learning_starts=300, train_freq=1, gradient_steps=1, net_arch=[16], num_envs=1,
+                 eval_episodes=0, learner_kernel="public")
+    pop = hetrl.train("sac", "Pendulum-v1", seeds=[1, 2], out=tmp_path / "pop", **small)
+    alone = hetrl.train("sac", "Pendulum-v1", seed=2, **small)
+    for p, q in zip(params(pop.runs[1].algo), params(alone.algo)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_every_member_is_a_complete_run_and_the_population_reports(tmp_path):
+    out = tmp_path / "pop"
+    pop = hetrl.train("dqn", "CartPole-v1", seeds=2, sweep={"lr": [1e-3, 3e-3]}, out=out,
+                      **dict(TINY, steps=800, learning_starts=200, eval_interval=400))
+    names = sorted(m.name for m in pop.members)
+    assert names == ["seed0-lr0.001", "seed0-lr0.003", "seed1-lr0.001", "seed1-lr0.003"]
+    for name in names:
+        d = out / "members" / name
+        res = json.loads((d / "result.json").read_text())
+        assert (d / "checkpoint.pt").is_file() and res["env_steps"] == 800 and len(res["evaluations"]) == 2
+        policy = hetrl.load(d)
+        assert policy.act(torch.zeros(4).numpy()) in (0, 1)
+    result = json.loads((out / "result.json").read_text())
+    rows = result["aggregate"]["rows"]
+    assert {r["setting"] for r in rows} == {"lr=0.001", "lr=0.003"} and all(r["runs"] == 2 for r in rows)
+    assert set(rows[0]["best"]) == {"iqm", "mean", "median", "optimality_gap"} and (out / "curves.png").is_file()
+    assert set(hetrl.load(out)) == set(names)
+    resumed = hetrl.resume(out, steps=1000, progress=False, evaluate_episodes=0)
+    assert all(r.env_steps == 1000 for r in resumed.runs)
+
+
+def test_a_population_of_one_is_a_plain_run(tmp_path):
+    one = hetrl.train("dqn", "CartPole-v1", seeds=[3], out=tmp_path / "pop", learner_kernel="public", **TINY)
+    alone = hetrl.train("dqn", "CartPole-v1", seed=3, learner_kernel="public", **TINY)
+    for p, q in zip(params(one.runs[0].algo), params(alone.algo)):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0"], "at least one member"),
+    (["--seeds", "-1"], "at least one member"),
+    (["--seeds", "0,-2"], "seeds are >= 0"),
+    (["--seeds", "1,1"], "lists seed 1 twice"),
+    (["--seeds", "2", "--sweep", "net_arch=[16],[32]"], "--sweep net_arch: members cannot differ in net_arch"),
+    (["--seeds", "2", "--sweep", "train_freq=4,8"], "--sweep train_freq: members cannot differ"),
+    (["--seeds", "2", "--sweep", "lr"], "is not KEY=V1,V2"),
+    (["--seeds", "2", "--sweep", "lr=abc"], "lr='abc' is not a number"),
+    (["--seeds", "2", "--seed", "3"], "takes its seeds from --seeds"),
+])
+def test_bad_population_input_is_one_line(capsys, tmp_path, argv, message):
+    code = main(["train", "dqn", "--env", "CartPole-v1", "--plan", "none", "--out", str(tmp_path / "p"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_members_differ_only_in_what_a_sweep_may_change():
+    from hetrl.population import fixed_settings
+
+    fixed = fixed_settings("td3")
+    assert {"net_arch", "policy_delay", "train_freq", "schedule", "seed"} <= fixed and "lr" not in fixed
+    with pytest.raises(UsageError, match="policy_delay"):
+        hetrl.train("td3", "Pendulum-v1", seeds=2, sweep={"policy_delay": [1, 2]}, **{**TINY, "net_arch": [8]})
+
+
+@pytest.mark.parametrize("schedule", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_member_groups_train_as_processes_or_ray_tasks(tmp_path, schedule):
+    """--schedule local / ray: one group per core, each a process (a Ray task), a member never split; every
+    member's run directory reaches OUT and the population's report is written as for one process."""
+    if schedule == "ray":
+        pytest.importorskip("ray")
+    out = tmp_path / "pop"
+    run = hetrl.train("dqn", "CartPole-v1", seeds=2, out=out, schedule=schedule, learner_kernel="public",
+                      **dict(TINY, steps=400, learning_starts=200, eval_interval=200))
+    assert sorted(sum(run.result["population"]["groups"], [])) == ["seed0", "seed1"]
+    assert len(run.result["population"]["groups"]) == 2
+    for name in ("seed0", "seed1"):
+        res = json.loads((out / "members" / name / "result.json").read_text())
+        assert res["env_steps"] == 400 and (out / "members" / name / "checkpoint.pt").is_file()
+    assert run.result["aggregate"]["rows"][0]["runs"] == 2
+
+
+def test_a_signal_saves_every_member_and_each_resumes(tmp_path):
+    """SIGTERM (or Ctrl-C) stops a population at the end of a phase with every member saved; the population
+    resumes as a whole, and a member's directory resumes as a run of its own."""
+    import os
+    import signal
+    import threading
+
+    from hetrl.population import PopulationRun, make_members
+
+    settings = {k: v for k, v in TINY.items() if k not in ("plan", "progress")}
+    members = make_members("dqn", "CartPole-v1", {**settings, "steps": 10**6, "learner_kernel": "public"}, [0, 1], {})
+    out = tmp_path / "pop"
+    run = PopulationRun(members, "CartPole-v1", out)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        run.learn(progress=False)
+    finally:
+        timer.cancel()
+    assert run.interrupted == "SIGTERM"
+    done = run.runs[0].env_steps
+    assert 0 < done < 10**6 and all(r.env_steps == done for r in run.runs)
+    for m in members:
+        ckpt = torch.load(out / "members" / m.name / "checkpoint.pt", weights_only=True)
+        assert ckpt["counters"]["env_steps"] == done
+    both = hetrl.resume(out, steps=done + 200, progress=False, evaluate_episodes=0)
+    assert [r.env_steps for r in both.runs] == [done + 200] * 2
+    alone = hetrl.resume(out / "members" / "seed1", steps=done + 400, progress=False, evaluate_episodes=0)
+    assert alone.result["env_steps"] == done + 400 and alone.result["seed"] == 1
