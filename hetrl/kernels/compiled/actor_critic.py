@@ -112,7 +112,8 @@ class ActorCriticHead(Head):
         K, B = weights.shape
         A = self.actor.n_out
         if self.td3:   # standard normals, scaled and clipped in the kernel (_smoothed), drawn as the eager loss does
-            noise = torch.randn(K, B, A) if K == 1 else torch.stack([torch.randn(B, A) for _ in range(K)])
+            g = getattr(algo, "rng", None)   # the algorithm's generator, drawn from in learn's order
+            noise = torch.stack([torch.randn(B, A, generator=g) for _ in range(K)])
             smooth = np.array([cfg.target_policy_noise, cfg.target_noise_clip], np.float32)
             delay = int(cfg.policy_delay)
         else:

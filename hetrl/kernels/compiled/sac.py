@@ -128,7 +128,8 @@ class SACHead(Head):
         algo, b = self.algo, batches
         K, B = weights.shape
         A = algo.act_dim
-        noise = torch.stack([torch.randn(B, A) for _ in range(2 * K)]).view(K, 2, B, A)
+        g = getattr(algo, "rng", None)   # the algorithm's generator, drawn from in learn's order (s, then s')
+        noise = torch.stack([torch.randn(B, A, generator=g) for _ in range(2 * K)]).view(K, 2, B, A)
         a, c, al, hp = self._args()
         rows = -(-B // nl)
         ws, lane_ag, lane_cg, rb = self.buffers(
