@@ -1,13 +1,12 @@
 #!/usr/bin/env python
 """The DQN learner's time per update on the CPU: hetrl's public kernel (the algorithm's learn: autograd + fused
-Adam), its compiled kernel (hetrl/kernels/compiled/, numba), the hand-derived phases of hetrl/algos/compiled.py
-while that file exists (`compiled_old`, plain ReLU networks only), and a JAX reference of the same phase
+Adam), its compiled kernel (hetrl/kernels/compiled/, numba), and a JAX reference of the same phase
 (`jax.lax.scan` over the K updates, optax Adam + global-norm clip, XLA on one thread).
 
 Usage:
     python benchmarks/bench_learner_kernels.py [--env CartPole-v1] [--rounds 3] [--phases 8] [--threads 1]
            [--net-arch 256,256] [--activation relu] [--layer-norm] [--gemm mkl|openblas]
-           [--kernels public,compiled,compiled_old,jax] [--out benchmarks/results/learner_kernels.json]
+           [--kernels public,compiled,jax] [--out benchmarks/results/learner_kernels.json]
 
 Every kernel runs the same workload: the env's DQN preset (CartPole-v1: batch 64, 256x256, 128
 gradient steps per phase, Huber loss, max_grad_norm 10, Adam), phases of K updates on synthetic
@@ -75,16 +74,6 @@ def run_torch(kernel: str, env: str, phases: int, over: dict, threads: int, gemm
         k = CompiledKernel(algo, gemm=gemm)
         k.use_threads(threads)
         learn = k.learn
-    elif kernel == "compiled_old":   # hetrl/algos/compiled.py, on HETRL_SGEMM=gemm (set by the parent)
-        from hetrl.algos import compiled
-
-        if not compiled.applies(algo):
-            raise SystemExit("the old compiled phases take plain Linear-ReLU networks only")
-        compiled.warm_up("dqn")
-        compiled.use_threads(algo, threads)
-
-        def learn(b, w):
-            return compiled.phase(algo, b, w)
     B = cfg.batch_size
     g = torch.Generator().manual_seed(0)
     batch = {"obs": torch.randn(K, B, D, generator=g), "action": torch.randint(0, A, (K, B), generator=g),
@@ -185,7 +174,7 @@ def main() -> None:
     ap.add_argument("--activation", default="relu")
     ap.add_argument("--layer-norm", action="store_true")
     ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
-    ap.add_argument("--kernels", default="public,compiled,compiled_old,jax")
+    ap.add_argument("--kernels", default="public,compiled,jax")
     ap.add_argument("--out", default="benchmarks/results/learner_kernels.json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -193,7 +182,7 @@ def main() -> None:
         child(a.child, a)
         return
     kernels = a.kernels.split(",")
-    if a.gemm is None:   # one GEMM for both compiled kernels: the probe's pick, here
+    if a.gemm is None:   # one GEMM for every child: the probe's pick, here
         from hetrl.kernels.compiled import sgemm
 
         a.gemm = sgemm.bind()
@@ -222,11 +211,8 @@ def main() -> None:
           f"{' layer_norm' if cfg.layer_norm else ''}, {K} updates per phase), {a.threads} thread(s), GEMM {a.gemm}, "
           f"median of {a.rounds} rounds:")
     for k, s in med.items():
-        rel = "".join(f", {med[o] / s:.2f}x {o}" for o in med if o != k and o in ("public", "jax", "compiled_old"))
+        rel = "".join(f", {med[o] / s:.2f}x {o}" for o in med if o != k and o in ("public", "jax"))
         print(f"  {k:12s} {s * 1e3:.3f} ms/update{rel}")
-    if len(best.get("compiled", [])) == len(best.get("compiled_old", [])) > 0:   # each round pairs them
-        paired = statistics.median(a / b for a, b in zip(best["compiled"], best["compiled_old"]))
-        print(f"  compiled / compiled_old time, median of the rounds' ratios: {paired:.3f}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"env": a.env, "batch_size": cfg.batch_size, "net_arch": cfg.net_arch,
                                        "activation": cfg.activation, "layer_norm": cfg.layer_norm,

@@ -1,14 +1,13 @@
 #!/usr/bin/env python
 # Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [ddpg] [td3] [sac] [--threads 1] [--net-arch 400,300]
-#        [--activation relu] [--layer-norm] [--kernels public,compiled,compiled_old] [--gemm mkl|openblas] [--rounds 5]
+#        [--activation relu] [--layer-norm] [--kernels public,compiled] [--gemm mkl|openblas] [--rounds 5]
 """One update of DDPG / TD3 / SAC (Pendulum presets, batch 256): ms/update of each learner kernel, alternating in
 one process, and the achieved GFLOP/s against this CPU's single-thread matmul measured in the same run.
 
 Kernels: `public` (the algorithm's own learn: autograd + fused Adam), `compiled` (hetrl/kernels/compiled/: the
-composed numba kernel) and, while hetrl/algos/compiled.py exists, `compiled_old` (its hand-derived phases, which
-take plain ReLU networks only). Each runs its own copy of the algorithm from the same initial state, at the
-learner's threads as a run sets them (the compiled kernels: lanes, torch on one thread). Both compiled kernels
-multiply on the same GEMM (`--gemm`, else the one the probe picks; HETRL_SGEMM pins).
+composed numba kernel). Each runs its own copy of the algorithm from the same initial state, at the learner's
+threads as a run sets them (the compiled kernel: lanes, torch on one thread), its products on `--gemm`, else the
+one the probe picks (HETRL_SGEMM pins).
 
 The peak: the fastest single-thread product of torch.mm and of the compiled kernel's GEMM (called from numba, as
 a lane calls it) over the widest layer's shape and square shapes up to 1024. The FLOPs of an update are the matrix
@@ -16,7 +15,6 @@ products the torch profiler counts on the public path (the compiled kernels do t
 denormals flushed, a fresh batch per update (a pool of 32, cycled)."""
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,7 +38,7 @@ ap.add_argument("--calls", type=int, default=40, help="updates per timed round")
 ap.add_argument("--net-arch", default="", help="e.g. 400,300 (default: the Pendulum preset's)")
 ap.add_argument("--activation", default="relu")
 ap.add_argument("--layer-norm", action="store_true")
-ap.add_argument("--kernels", default="public,compiled,compiled_old")
+ap.add_argument("--kernels", default="public,compiled")
 ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
 ap.add_argument("--out", default="", help="a JSON file for the figures, e.g. "
                                           "benchmarks/results/bench_sac_td3_DATE_MACHINE_COMMIT.json")
@@ -49,7 +47,6 @@ torch.set_num_threads(args.threads)
 torch.set_flush_denormal(True)
 obs_s, act_s = gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,))
 gemm_name = sgemm.bind(args.gemm)
-os.environ.setdefault("HETRL_SGEMM", gemm_name)   # the old phases (while they exist) multiply on the same GEMM
 
 
 def batch(K, B=256):
@@ -97,24 +94,6 @@ def peak(shapes, reps_flop=3e8) -> dict[str, dict[tuple, float]]:
     return got
 
 
-class OldCompiled:
-    """hetrl/algos/compiled.py's phases on an algorithm (plain ReLU networks only)."""
-
-    def __init__(self, algo):
-        from hetrl.algos import compiled
-
-        self.c, self.algo = compiled, algo
-        if not compiled.applies(algo):
-            raise ValueError("the old compiled phases take plain Linear-ReLU networks only")
-        compiled.warm_up(algo.name)
-
-    def use_threads(self, n):
-        self.c.use_threads(self.algo, n)
-
-    def learn(self, b, w):
-        return self.c.phase(self.algo, b, w)
-
-
 class Public:
     def __init__(self, algo):
         self.algo = algo
@@ -151,7 +130,7 @@ for algo_name in args.algos:
         algo = make_algorithm(cfg, obs_s, act_s)
         algo.load_state_dict(first.state_dict())
         try:
-            kernels[name] = {"public": Public, "compiled": CompiledKernel, "compiled_old": OldCompiled}[name](algo)
+            kernels[name] = {"public": Public, "compiled": CompiledKernel}[name](algo)
         except (ValueError, ImportError) as e:
             print(f"  {name}: skipped ({e})")
     pool, w = [batch(1, cfg.batch_size) for _ in range(32)], torch.ones(1, cfg.batch_size)
@@ -187,10 +166,6 @@ for algo_name in args.algos:
     for name, s in med.items():
         g = flops / 1e9 / s
         rel = ""
-        if name == "compiled" and "compiled_old" in med:   # and the median of the rounds' ratios (each round pairs them)
-            paired = statistics.median(a / b for a, b in zip(times["compiled"], times["compiled_old"]))
-            rel = f", {s / med['compiled_old']:.3f}x compiled_old's time (per round: {paired:.3f}x)"
-            rec["compiled_vs_old_paired"] = paired
         print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {args.calls})  {g:5.1f} GFLOP/s = "
               f"{g / mm_peak * 100:3.0f}% of the peak{rel}")
         rec["ms_per_update"][name] = s * 1e3
