@@ -1,18 +1,22 @@
 #!/usr/bin/env python
-"""The DQN learner's time per update on one CPU thread: hetrl's public path (autograd + fused Adam),
-its hand-derived fast path, its compiled phase (numba), and a JAX reference of the same phase
+"""The DQN learner's time per update on the CPU: hetrl's public kernel (the algorithm's learn: autograd + fused
+Adam), its compiled kernel (hetrl/kernels/compiled/, numba), and a JAX reference of the same phase
 (`jax.lax.scan` over the K updates, optax Adam + global-norm clip, XLA on one thread).
 
 Usage:
-    python benchmarks/bench_learner_kernels.py [--env CartPole-v1] [--rounds 3] [--phases 8]
-           [--kernels public,fast,compiled,jax] [--out benchmarks/results/learner_kernels.json]
+    python benchmarks/bench_learner_kernels.py [--env CartPole-v1] [--rounds 3] [--phases 8] [--threads 1]
+           [--net-arch 256,256] [--activation relu] [--layer-norm] [--gemm mkl|openblas]
+           [--kernels public,compiled,jax] [--out benchmarks/results/learner_kernels.json]
 
 Every kernel runs the same workload: the env's DQN preset (CartPole-v1: batch 64, 256x256, 128
 gradient steps per phase, Huber loss, max_grad_norm 10, Adam), phases of K updates on synthetic
 batches, the phase's targets from one batched forward of the fixed target network (as hetrl does;
 the JAX phase computes them inside the compiled program). Each kernel runs in its own subprocess,
-in alternating order, `--rounds` times; the figure is the median of the rounds' best phase. JAX is
-optional (`pip install jax optax` only for this benchmark): without it that row is skipped.
+in alternating order, `--rounds` times; the figure is the median of the rounds' best phase. With `--threads n`
+the compiled kernels split each step's rows over n lanes (torch on one thread, as a run sets them) and the
+public kernel runs torch on n threads; JAX stays on one. Both compiled kernels multiply on the same GEMM
+(`--gemm`, else the one the probe picks in the parent process). JAX is optional (`pip install jax optax` only
+for this benchmark): without it that row is skipped.
 """
 from __future__ import annotations
 
@@ -25,41 +29,51 @@ import sys
 import time
 from pathlib import Path
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-              "NPROC": "1"}
+
+def threads_env(n: int) -> dict:
+    return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), "OPENBLAS_NUM_THREADS": str(n),
+            "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1", "NPROC": str(n)}
 
 
-def shapes(env: str):
+def settings(a) -> dict:
+    out = {"activation": a.activation, "layer_norm": a.layer_norm}
+    if a.net_arch:
+        out["net_arch"] = [int(x) for x in a.net_arch.split(",")]
+    return out
+
+
+def shapes(env: str, over: dict | None = None):
     import gymnasium as gym
 
     from hetrl.actors import probe_spaces
     from hetrl.config import make_config
     from hetrl.runtime.layout import grads_per_phase
 
-    cfg = make_config("dqn", env, {})
+    cfg = make_config("dqn", env, over or {})
     obs_space, act_space = probe_spaces(env)
     K = max(1, int(grads_per_phase(cfg)))
     assert isinstance(act_space, gym.spaces.Discrete)
     return cfg, int(obs_space.shape[0]), int(act_space.n), K
 
 
-def run_torch(kernel: str, env: str, phases: int) -> list[float]:
-    import dataclasses
-
+def run_torch(kernel: str, env: str, phases: int, over: dict, threads: int, gemm: str) -> list[float]:
     import gymnasium as gym
     import torch
 
-    from hetrl.algos import compiled, make_algorithm
+    from hetrl.algos import make_algorithm
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
-    cfg, D, A, K = shapes(env)
-    cfg = dataclasses.replace(cfg, fastpath=kernel == "fast", compiled=kernel == "compiled")
+    cfg, D, A, K = shapes(env, over)
+    torch.manual_seed(0)
     algo = make_algorithm(cfg, gym.spaces.Box(-5, 5, (D,)), gym.spaces.Discrete(A))
+    learn = algo.learn
     if kernel == "compiled":
-        compiled.warm_up()
-        assert algo.compiled_phase
+        from hetrl.kernels.compiled import CompiledKernel
+
+        k = CompiledKernel(algo, gemm=gemm)
+        k.use_threads(threads)
+        learn = k.learn
     B = cfg.batch_size
     g = torch.Generator().manual_seed(0)
     batch = {"obs": torch.randn(K, B, D, generator=g), "action": torch.randint(0, A, (K, B), generator=g),
@@ -67,22 +81,24 @@ def run_torch(kernel: str, env: str, phases: int) -> list[float]:
              "terminated": torch.rand(K, B, generator=g) < 0.05, "truncated": torch.zeros(K, B, dtype=torch.bool),
              "steps": torch.ones(K, B, dtype=torch.uint8)}
     w = torch.ones(K, B)
-    algo.learn(batch, w)
+    learn(batch, w)
     out = []
     for _ in range(phases):
         t = time.perf_counter()
-        algo.learn(batch, w)
+        learn(batch, w)
         out.append((time.perf_counter() - t) / K)
     return out
 
 
-def run_jax(env: str, phases: int) -> list[float]:
+def run_jax(env: str, phases: int, over: dict) -> list[float]:
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
-    cfg, D, A, K = shapes(env)
+    cfg, D, A, K = shapes(env, over)
+    if cfg.activation != "relu" or cfg.layer_norm:
+        raise SystemExit("the JAX reference is written for ReLU networks without LayerNorm")
     B, sizes = cfg.batch_size, [D, *cfg.net_arch, A]
 
     def init(key):
@@ -141,8 +157,10 @@ def run_jax(env: str, phases: int) -> list[float]:
     return out
 
 
-def child(kernel: str, env: str, phases: int) -> None:
-    times = run_jax(env, phases) if kernel == "jax" else run_torch(kernel, env, phases)
+def child(kernel: str, a) -> None:
+    over = settings(a)
+    times = (run_jax(a.env, a.phases, over) if kernel == "jax"
+             else run_torch(kernel, a.env, a.phases, over, a.threads, a.gemm))
     print(json.dumps({"kernel": kernel, "s_per_update": times}))
 
 
@@ -151,15 +169,27 @@ def main() -> None:
     ap.add_argument("--env", default="CartPole-v1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--phases", type=int, default=8)
-    ap.add_argument("--kernels", default="public,fast,compiled,jax")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--net-arch", default="", help="e.g. 256,256,256 (default: the preset's)")
+    ap.add_argument("--activation", default="relu")
+    ap.add_argument("--layer-norm", action="store_true")
+    ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
+    ap.add_argument("--kernels", default="public,compiled,jax")
     ap.add_argument("--out", default="benchmarks/results/learner_kernels.json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.env, a.phases)
+        child(a.child, a)
         return
     kernels = a.kernels.split(",")
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if a.gemm is None:   # one GEMM for every child: the probe's pick, here
+        from hetrl.kernels.compiled import sgemm
+
+        a.gemm = sgemm.bind()
+    env = {**os.environ, **threads_env(a.threads), "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "HETRL_SGEMM": a.gemm}
+    flags = ["--env", a.env, "--phases", str(a.phases), "--threads", str(a.threads), "--activation", a.activation,
+             "--gemm", a.gemm] + (["--net-arch", a.net_arch] if a.net_arch else []) + (["--layer-norm"] if a.layer_norm else [])
     best: dict[str, list[float]] = {k: [] for k in kernels}
     skipped = {}
     for r in range(a.rounds):
@@ -167,24 +197,26 @@ def main() -> None:
         for k in order:
             if k in skipped:
                 continue
-            p = subprocess.run([sys.executable, __file__, "--child", k, "--env", a.env, "--phases", str(a.phases)],
-                               env=env, capture_output=True, text=True)
+            p = subprocess.run([sys.executable, __file__, "--child", k, *flags], env=env, capture_output=True, text=True)
             if p.returncode:
                 skipped[k] = (p.stderr.strip().splitlines() or ["failed"])[-1]
                 print(f"{k}: skipped ({skipped[k]})")
                 continue
             t = min(json.loads(p.stdout.strip().splitlines()[-1])["s_per_update"])
             best[k].append(t)
-            print(f"round {r}: {k:9s} {t * 1e3:.3f} ms/update", flush=True)
+            print(f"round {r}: {k:12s} {t * 1e3:.3f} ms/update", flush=True)
     med = {k: statistics.median(v) for k, v in best.items() if v}
-    cfg, D, A, K = shapes(a.env)
-    print(f"\nDQN {a.env} (batch {cfg.batch_size}, net {cfg.net_arch}, {K} updates per phase), one thread, "
+    cfg, D, A, K = shapes(a.env, settings(a))
+    print(f"\nDQN {a.env} (batch {cfg.batch_size}, net {cfg.net_arch} {cfg.activation}"
+          f"{' layer_norm' if cfg.layer_norm else ''}, {K} updates per phase), {a.threads} thread(s), GEMM {a.gemm}, "
           f"median of {a.rounds} rounds:")
     for k, s in med.items():
         rel = "".join(f", {med[o] / s:.2f}x {o}" for o in med if o != k and o in ("public", "jax"))
-        print(f"  {k:9s} {s * 1e3:.3f} ms/update{rel}")
+        print(f"  {k:12s} {s * 1e3:.3f} ms/update{rel}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"env": a.env, "batch_size": cfg.batch_size, "net_arch": cfg.net_arch,
+                                       "activation": cfg.activation, "layer_norm": cfg.layer_norm,
+                                       "threads": a.threads, "gemm": a.gemm,
                                        "updates_per_phase": K, "rounds": a.rounds, "s_per_update_rounds": best,
                                        "median_s_per_update": med, "skipped": skipped,
                                        "date": time.strftime("%Y-%m-%d"),

@@ -1,35 +1,52 @@
 #!/usr/bin/env python
-# Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [ddpg] [td3] [sac] [--threads 1]
-"""One update of DDPG / TD3 / SAC (Pendulum presets, batch 256): ms/update of the public (autograd) path
-and the compiled phase (hetrl/algos/compiled.py), alternating, and the achieved GFLOP/s of each against
-this CPU's single-thread matmul, measured in the same run: torch.mm and the compiled phase's own BLAS (scipy's
-OpenBLAS through numba's np.dot), on the widest layer's shape and on square products up to 1024 (the peak: the
-fastest of them all). The FLOPs of an update are the matrix products the torch profiler counts on the public path
-(the compiled phase does the same ones). As in a run: denormals flushed (hetrl/runtime/core.py), a fresh batch
-per update (a pool of 32, cycled).
+# Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [ddpg] [td3] [sac] [--threads 1] [--net-arch 400,300]
+#        [--activation relu] [--layer-norm] [--kernels public,compiled] [--gemm mkl|openblas] [--rounds 5]
+"""One update of DDPG / TD3 / SAC (Pendulum presets, batch 256): ms/update of each learner kernel, alternating in
+one process, and the achieved GFLOP/s against this CPU's single-thread matmul measured in the same run.
 
-peak() loads OpenBLAS before limiting it and checks the thread count: numba loads scipy's OpenBLAS on the first
-call of a function using np.dot, and `threadpool_limits(1)` limits only the libraries already loaded, so a first
-call inside it would run the "single-thread" product on every core (docs/results.md, "The single-thread peak")."""
+Kernels: `public` (the algorithm's own learn: autograd + fused Adam), `compiled` (hetrl/kernels/compiled/: the
+composed numba kernel). Each runs its own copy of the algorithm from the same initial state, at the learner's
+threads as a run sets them (the compiled kernel: lanes, torch on one thread), its products on `--gemm`, else the
+one the probe picks (HETRL_SGEMM pins).
+
+The peak: the fastest single-thread product of torch.mm and of the compiled kernel's GEMM (called from numba, as
+a lane calls it) over the widest layer's shape and square shapes up to 1024. The FLOPs of an update are the matrix
+products the torch profiler counts on the public path (the compiled kernels do the same ones). As in a run:
+denormals flushed, a fresh batch per update (a pool of 32, cycled)."""
 import argparse
+import json
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hetrl.algos import compiled, make_algorithm
+from hetrl.algos import make_algorithm
 from hetrl.config import make_config
+from hetrl.kernels.compiled import CompiledKernel, sgemm
 
 ap = argparse.ArgumentParser()
 ap.add_argument("algos", nargs="*", default=["ddpg", "td3", "sac"])
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--calls", type=int, default=40, help="updates per timed round")
+ap.add_argument("--net-arch", default="", help="e.g. 400,300 (default: the Pendulum preset's)")
+ap.add_argument("--activation", default="relu")
+ap.add_argument("--layer-norm", action="store_true")
+ap.add_argument("--kernels", default="public,compiled")
+ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
+ap.add_argument("--out", default="", help="a JSON file for the figures, e.g. "
+                                          "benchmarks/results/bench_sac_td3_DATE_MACHINE_COMMIT.json")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 torch.set_flush_denormal(True)
-torch.manual_seed(0)
 obs_s, act_s = gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,))
+gemm_name = sgemm.bind(args.gemm)
 
 
 def batch(K, B=256):
@@ -51,83 +68,113 @@ def _best(call, reps):
 
 
 def peak(shapes, reps_flop=3e8) -> dict[str, dict[tuple, float]]:
-    """GFLOP/s of (m, k) x (k, n) products on one thread: torch.mm, and np.dot in numba on the compiled phase's
-    BLAS (as a lane runs it)."""
+    """GFLOP/s of (m, k) x (k, n) products on one thread: torch.mm, and the compiled kernel's GEMM from numba."""
     import numba
-    import numpy as np
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
     @numba.njit(nogil=True)
     def dot(a, b, out, reps):
         for _ in range(reps):
-            np.dot(a, b, out)
+            sgemm.dot(a, b, out)
 
     z = np.zeros((2, 2), np.float32)
-    dot(z, z, z.copy(), 1)   # loads scipy's OpenBLAS: threadpool_limits only limits libraries already loaded
-    got: dict[str, dict[tuple, float]] = {"torch.mm": {}, "openblas": {}}
+    dot(z, z, z.copy(), 1)
+    got: dict[str, dict[tuple, float]] = {"torch.mm": {}, gemm_name: {}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # (torch.mm's own threads; threadpoolctl holds the BLAS libraries it sees)
     with threadpool_limits(1, user_api="blas"):
-        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas"), threadpool_info()
         for m, k, n in shapes:
             reps = max(2, int(reps_flop // (m * k * n)))
             a, b = torch.randn(m, k), torch.randn(k, n)
             an, bn, out = a.numpy(), b.numpy(), np.empty((m, n), np.float32)
             for name, s in (("torch.mm", _best(lambda: torch.mm(a, b), reps)),
-                            ("openblas", _best(lambda: dot(an, bn, out, reps), 1) / reps)):
+                            (gemm_name, _best(lambda: dot(an, bn, out, reps), 1) / reps)):
                 got[name][(m, k, n)] = 2 * m * k * n / s / 1e9
+    torch.set_num_threads(threads)
     return got
 
 
-for algo in args.algos:
-    cfg = make_config(algo, "Pendulum-v1", {"threads": args.threads})
+class Public:
+    def __init__(self, algo):
+        self.algo = algo
+
+    def use_threads(self, n):
+        torch.set_num_threads(n)
+
+    def learn(self, b, w):
+        return self.algo.learn(b, w)
+
+
+def cpu() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
+
+
+results = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu(), "threads": args.threads, "gemm": gemm_name,
+           "command": "python benchmarks/bench_sac_td3_update.py " + " ".join(sys.argv[1:]), "algos": {}}
+for algo_name in args.algos:
+    settings = {"threads": args.threads, "activation": args.activation, "layer_norm": args.layer_norm}
+    if args.net_arch:
+        settings["net_arch"] = [int(x) for x in args.net_arch.split(",")]
+    cfg = make_config(algo_name, "Pendulum-v1", settings)
     h = cfg.net_arch
     shape = (cfg.batch_size, h[0], h[-1])
     peaks = peak([shape, (256, 256, 256), (512, 512, 512), (1024, 1024, 1024)])
     at_shape = {name: g[shape] for name, g in peaks.items()}
     mm_peak = max(max(g.values()) for g in peaks.values())
     best_of = max(((name, s) for name, g in peaks.items() for s in g), key=lambda t: peaks[t[0]][t[1]])
-    kernels = {"public": make_algorithm(cfg, obs_s, act_s),
-               "compiled": make_algorithm(make_config(algo, "Pendulum-v1", {"threads": args.threads, "compiled": True}),
-                                          obs_s, act_s)}
+    torch.manual_seed(0)
+    first = make_algorithm(cfg, obs_s, act_s)
+    kernels = {}
+    for name in args.kernels.split(","):
+        algo = make_algorithm(cfg, obs_s, act_s)
+        algo.load_state_dict(first.state_dict())
+        try:
+            kernels[name] = {"public": Public, "compiled": CompiledKernel}[name](algo)
+        except (ValueError, ImportError) as e:
+            print(f"  {name}: skipped ({e})")
     pool, w = [batch(1, cfg.batch_size) for _ in range(32)], torch.ones(1, cfg.batch_size)
     it = iter(range(1 << 62))
 
     def nxt():
         return pool[next(it) % len(pool)]
 
-    def threads(name):
-        # as a run sets them: the compiled phase on `threads` lanes with torch on one thread (use_threads), the
-        # public path on torch's threads; set before every timing, since each kernel leaves its own
-        if name == "compiled":
-            compiled.use_threads(kernels[name], args.threads)
-        else:
-            torch.set_num_threads(args.threads)
-
-    threads("public")
+    kernels.get("public", Public(first)).use_threads(args.threads)
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         for _ in range(20):
-            kernels["public"].learn(nxt(), w)
+            first.learn(nxt(), w)
     flops = sum(e.flops for e in prof.key_averages()) / 20
     times = {k: [] for k in kernels}
-    for name, a in kernels.items():
-        threads(name)
+    for name, k in kernels.items():
+        k.use_threads(args.threads)   # each sets its own (the compiled ones: lanes, torch on one thread)
         for _ in range(20):
-            a.learn(nxt(), w)
-    for _ in range(args.rounds):
-        for name, a in kernels.items():   # alternating
-            threads(name)
-            n = 40
+            k.learn(nxt(), w)
+    for r in range(args.rounds):
+        for name, k in (kernels.items() if r % 2 == 0 else list(kernels.items())[::-1]):   # alternating
+            k.use_threads(args.threads)
             t = time.perf_counter()
-            for _ in range(n):
-                a.learn(nxt(), w)
-            times[name].append((time.perf_counter() - t) / n)
-    print(f"{algo} net_arch={h} batch {cfg.batch_size}, {args.threads} thread(s): {flops / 1e9:.3f} GFLOP/update; "
-          f"matmul {shape} " + ", ".join(f"{n} {g:.1f}" for n, g in at_shape.items()) + " GFLOP/s; single-thread peak "
-          f"{mm_peak:.1f} ({best_of[0]} {best_of[1]}); all: {peaks}")
-    from hetrl.algos import sgemm
-
-    print(f"  the compiled phase's GEMM: {sgemm.report()} (algos/sgemm.py: timed, or HETRL_SGEMM)")
-    for name, ts in times.items():
-        ms = sorted(ts)[len(ts) // 2] * 1e3
-        g = flops / 1e9 / (ms / 1e3)
-        print(f"  {name:9s} {ms:6.2f} ms/update (median of {len(ts)} x 40)  {g:5.1f} GFLOP/s = {g / mm_peak * 100:3.0f}% of the peak, "
-              f"{g / max(at_shape.values()) * 100:3.0f}% of the faster matmul at {shape}")
+            for _ in range(args.calls):
+                k.learn(nxt(), w)
+            times[name].append((time.perf_counter() - t) / args.calls)
+    print(f"{algo_name} net_arch={h} {args.activation}{' layer_norm' if args.layer_norm else ''} batch "
+          f"{cfg.batch_size}, {args.threads} thread(s): {flops / 1e9:.3f} GFLOP/update; matmul {shape} "
+          + ", ".join(f"{n} {g:.1f}" for n, g in at_shape.items()) + f" GFLOP/s; single-thread peak {mm_peak:.1f} "
+          f"({best_of[0]} {best_of[1]}); the compiled kernels' GEMM: {sgemm.report()}")
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    rec = {"net_arch": h, "activation": args.activation, "layer_norm": args.layer_norm, "gflop_per_update": flops / 1e9,
+           "peak_gflops": mm_peak, "peak_of": [best_of[0], list(best_of[1])], "ms_per_update": {}, "rounds_ms": {}}
+    for name, s in med.items():
+        g = flops / 1e9 / s
+        rel = ""
+        print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {args.calls})  {g:5.1f} GFLOP/s = "
+              f"{g / mm_peak * 100:3.0f}% of the peak{rel}")
+        rec["ms_per_update"][name] = s * 1e3
+        rec["rounds_ms"][name] = [t * 1e3 for t in times[name]]
+    results["algos"][algo_name] = rec
+    for k in kernels.values():
+        if hasattr(k, "close"):
+            k.close()
+if args.out:
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")

@@ -1,0 +1,158 @@
+"""DQN's loss head (plain and double): K updates of mean(w * huber(Q(s)[a] - y)) in one compiled call.
+
+    y = r + gamma**n (1 - terminated) Q_target(s')[a'],   a' = argmax Q_target(s')  (plain)
+                                                           a' = argmax Q(s')         (double: the current net)
+
+The target network is fixed during a phase, so Q_target(s') of all K batches comes from one pass over the
+K B rows (split over the lanes, in chunks that stay in cache); then per step the forward, the Huber loss's
+gradient w * clip(td, -1, 1) / B at the taken action, the backward, the clip and Adam.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hetrl.kernels.compiled.head import (
+    Declined,
+    Head,
+    covers,
+    discount_of,
+    f32,
+    f32kb,
+    optimizer,
+    program,
+    vector_obs,
+)
+from hetrl.kernels.compiled.layers import Program, compile_program, order_offsets
+
+try:
+    import numba
+
+    from hetrl.kernels.compiled.layers import backward, forward, grad_buffers, mat, tape
+    from hetrl.kernels.compiled.optim import lanes_clip_adam
+except ImportError:  # pragma: no cover
+    numba = None
+
+CHUNK = 512   # rows of the target network's pass at a time
+
+
+class DQNHead(Head):
+    algos = ("dqn",)
+
+    @classmethod
+    def programs(cls, algo) -> dict:
+        vector_obs(algo)
+        if getattr(algo.q, "dueling", False):
+            raise Declined("the Q network is dueling (value and advantage heads), which the compiled kernel has no "
+                           "piece for")
+        opt = optimizer(algo.opt, "the Q network")
+        q = program(algo.q.q, opt.flat, "the Q network")
+        covers(opt, q.count, "the Q network")
+        tq = compile_program(algo.q_target.q, order_offsets(algo.q_target), "the target Q network")
+        if not ((tq.ops == q.ops).all() and (tq.fc == q.fc).all()):
+            raise Declined("the target Q network is not laid out as the Q network")
+        return {"q": q, "opt": opt}
+
+    def __init__(self, algo, **options):
+        super().__init__(algo, **options)
+        p = self.programs(algo)
+        self.q: Program = p["q"]
+        self.opt = p["opt"]
+        self.target_params = list(algo.q_target.parameters())   # (loads copy into them in place)
+
+    def _lane_buffers(self, B: int, nl: int, n: int) -> tuple:
+        def make():
+            rows = -(-B // nl)
+            need = max(self.q.floats(rows) + rows * (self.q.n_out + 1), self.q.floats(CHUNK, grads=False)) + 64
+            return np.zeros((nl, need), np.float32), np.zeros((nl - 1, n), np.float32)
+        return self.buffers((B, nl, n), make)
+
+    def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
+        algo, b = self.algo, batches
+        K, B = weights.shape
+        (flat, grad, m, v, step), (lr, beta1, beta2, eps) = self.opt.get()
+        ws, lane_g = self._lane_buffers(B, nl, flat.shape[0])
+        with torch.no_grad():
+            target_flat = torch.cat([p.reshape(-1) for p in self.target_params]).numpy()
+            td = np.empty((K, B), np.float32)
+            next_q = np.empty((K, B, self.q.n_out), np.float32)
+            phase(f32(b["obs"], K, B), np.ascontiguousarray(b["action"].numpy(), np.int64), f32kb(b["reward"]),
+                  f32(b["next_obs"], K, B), discount_of(b, algo.cfg.gamma), f32kb(weights), self.q.ops, self.q.fc,
+                  flat, target_flat, bool(algo.cfg.double), grad, m, v, step, lr, beta1, beta2, eps,
+                  float(algo.opt.max_grad_norm), ws, lane_g, next_q, td)
+        algo.updates += K
+        return torch.from_numpy(td).abs_()
+
+    def warm(self, nl: int) -> None:
+        (flat, grad, m, v, step), (lr, beta1, beta2, eps) = self.opt.get()
+        K, B, d = 1, 2, self.q.n_in
+        c = [x.copy() for x in (flat, grad, m, v, step)]
+        ws, lane_g = np.zeros((nl, self.q.floats(CHUNK) + 64), np.float32), np.zeros((nl - 1, flat.shape[0]), np.float32)
+        z = np.zeros((K, B), np.float32)
+        for double in (False, True):
+            phase(np.zeros((K, B, d), np.float32), np.zeros((K, B), np.int64), z, np.zeros((K, B, d), np.float32),
+                  z + 1, z + 1, self.q.ops, self.q.fc, c[0], c[0].copy(), double, c[1], c[2], c[3], c[4],
+                  lr, beta1, beta2, eps, 1.0, ws, lane_g, np.empty((K, B, self.q.n_out), np.float32),
+                  np.empty((K, B), np.float32))
+
+
+if numba is not None:
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _target_rows(ops, fc, target_flat, nxt, nq, lo, hi, ws):  # pragma: no cover - compiled
+        """nq[lo:hi] = Q_target(nxt[lo:hi]), CHUNK rows at a time on the workspace ws."""
+        for s in range(lo, hi, CHUNK):
+            e = min(s + CHUNK, hi)
+            pos = np.zeros(1, np.int64)
+            nq[s:e] = forward(ops, fc, target_flat, nxt[s:e], tape(ws, pos, ops, e - s))
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _lane(c, nl, k, obs, action, reward, discount, weight, ops, fc, flat, grad, double, next_q, next_obs, ws,
+              td_out):  # pragma: no cover - compiled
+        """Lane c of nl of update k: rows lo:hi of the batch, the loss's gradient into the lane's `grad`."""
+        _, B = action.shape
+        lo, hi = c * B // nl, (c + 1) * B // nl
+        R = hi - lo
+        n = ops.shape[0]
+        A = ops[n - 1, 2]
+        pos = np.zeros(1, np.int64)
+        t = tape(ws, pos, ops, R)
+        gs = grad_buffers(ws, pos, ops, R)
+        g, target = mat(ws, pos, R, A), mat(ws, pos, 1, R)[0]
+        one = np.float32(1.0)
+        q = t[3 * n - 3]
+        if double:  # a' from the online net as it is now
+            forward(ops, fc, flat, next_obs[k, lo:hi], t)
+        for i in range(R):
+            best = 0
+            for j in range(1, A):
+                if (q[i, j] > q[i, best]) if double else (next_q[k, lo + i, j] > next_q[k, lo + i, best]):
+                    best = j
+            target[i] = reward[k, lo + i] + discount[k, lo + i] * next_q[k, lo + i, best]
+        x = obs[k, lo:hi]
+        forward(ops, fc, flat, x, t)
+        g[:, :] = 0   # d/dq of the loss: w * clip(td, -1, 1) / B at the taken action
+        for i in range(R):
+            ai = action[k, lo + i]
+            td = q[i, ai] - target[i]
+            td_out[k, lo + i] = td
+            g[i, ai] = weight[k, lo + i] * min(max(td, -one), one) / np.float32(B)
+        backward(ops, flat, grad, x, t, gs, g, True, False)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+    def phase(obs, action, reward, next_obs, discount, weight, ops, fc, flat, target_flat, double, grad, exp_avg,
+              exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, ws, lane_g, next_q, td_out):  # pragma: no cover
+        """K updates; td_out[k] = Q(s)[a] - y. Lane 0 writes `grad`, lane c > 0 lane_g[c - 1]."""
+        K, B = action.shape
+        nl = ws.shape[0]
+        D, A = next_obs.shape[2], next_q.shape[2]
+        nxt, nq = next_obs.reshape((K * B, D)), next_q.reshape((K * B, A))
+        for c in numba.prange(nl):
+            lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
+            _target_rows(ops, fc, target_flat, nxt, nq, lane * K * B // nl, (lane + 1) * K * B // nl, ws[lane])
+        for k in range(K):
+            for c in numba.prange(nl):
+                lane = np.int64(c)
+                _lane(lane, nl, k, obs, action, reward, discount, weight, ops, fc, flat,
+                      grad if lane == 0 else lane_g[lane - 1], double, next_q, next_obs, ws[lane], td_out)
+            lanes_clip_adam(flat, grad, lane_g, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)

@@ -1,0 +1,149 @@
+"""What every loss head of the compiled kernel shares: its interface, its buffers, and the batch's arrays.
+
+A head is one algorithm's loss on the compiled pieces (layers.py) and the one optimizer (optim.py): it finds
+its algorithm's networks and compiles each into a program (or declines with one line), and runs a phase of K
+updates as one numba call on the algorithm's own buffers. The batch's rows are split over the learner's threads
+as *lanes*: lane c takes rows c B / n .. (c + 1) B / n through the whole forward and backward of a step on its
+own workspace, lane 0 writing the optimizer's gradient buffer and lane c > 0 a partial one, summed before the
+step (the losses stay means over the whole batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hetrl.kernels.compiled.layers import (
+    Declined,
+    Program,
+    compile_program,
+    param_offsets,
+)
+from hetrl.kernels.compiled.optim import AdamViews
+
+try:
+    import numba
+except ImportError:  # pragma: no cover
+    numba = None
+
+
+class Head:
+    """One algorithm's phase on the compiled pieces (subclasses: dqn.DQNHead, actor_critic.ActorCriticHead,
+    sac.SACHead)."""
+
+    algos: tuple[str, ...] = ()
+
+    def __init__(self, algo, **options):
+        self.algo = algo
+        self.options = options
+        self._buffers: dict = {}
+        self.lane_split: str | None = None
+
+    @classmethod
+    def check(cls, algo) -> str | None:
+        """None where this head takes `algo` (its networks compile), else one line saying why not."""
+        try:
+            cls.programs(algo)
+        except Declined as e:
+            return str(e)
+        return None
+
+    @classmethod
+    def programs(cls, algo) -> dict:
+        """The algorithm's networks as programs (raises Declined)."""
+        raise NotImplementedError
+
+    def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, lanes: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def warm(self, lanes: int) -> None:
+        """Compile (or load from numba's cache) the phase: one step on two rows over copies of the state."""
+        raise NotImplementedError
+
+    # ---- shared helpers ----
+    def buffers(self, key: tuple, make) -> tuple:
+        """Buffers kept across calls for the shapes in `key` (made again when they change)."""
+        got = self._buffers.get("lanes")
+        if got is None or got[0] != key:
+            got = self._buffers["lanes"] = (key, make())
+        return got[1]
+
+
+def optimizer(opt, what: str) -> AdamViews:
+    """A FlatAdam's torch Adam as the compiled kernel steps it (raises Declined)."""
+    for attr in ("flat", "grad", "opt", "param"):
+        if not hasattr(opt, attr):
+            raise Declined(f"{what}'s optimizer is a {type(opt).__name__}, not a FlatAdam (one flat buffer)")
+    why = AdamViews.check(opt.opt)
+    if why:
+        raise Declined(f"{what}'s optimizer is {why}")
+    if opt.flat.dtype != torch.float32 or opt.flat.device.type != "cpu":
+        raise Declined(f"{what}'s parameters are {opt.flat.dtype} on {opt.flat.device}; the compiled kernel runs "
+                       "float32 on the CPU")
+    return AdamViews(opt.opt, opt.param, opt.flat, opt.grad)
+
+
+def covers(opt: AdamViews, count: int, what: str) -> None:
+    """The programs (and heads) of a network must train every parameter its optimizer steps."""
+    n = opt.flat.numel()
+    if count != n:
+        raise Declined(f"{what}'s optimizer holds {n} parameters, of which its layers the compiled kernel runs hold "
+                       f"{count}")
+
+
+def program(seq, flat: torch.Tensor, what: str) -> Program:
+    return compile_program(seq, param_offsets(flat), what)
+
+
+def same_layout(a: Program, b: Program, what: str) -> None:
+    """b must be a's network at the same offsets (a target network in its own flat buffer)."""
+    if a.ops.shape != b.ops.shape or not (a.ops == b.ops).all() or not (a.fc == b.fc).all():
+        raise Declined(f"{what} is not laid out as its online network in its flat buffer")
+
+
+def vector_obs(algo) -> None:
+    if getattr(algo, "pixels", False):
+        raise Declined("the observations are pixels, through the Nature CNN (convolutions), which the compiled kernel has no "
+                       "piece for")
+    dev = getattr(algo, "device", torch.device("cpu"))
+    if torch.device(dev).type != "cpu":
+        raise Declined(f"the learner runs on {dev}; the compiled kernel runs on the CPU")
+
+
+def f32(t: torch.Tensor, K: int, B: int) -> np.ndarray:
+    """A batch field as a C-contiguous float32 array of shape (K, B, features) (observations flattened)."""
+    return np.ascontiguousarray(t.numpy(), np.float32).reshape(K, B, -1)
+
+
+def f32kb(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.numpy(), np.float32)
+
+
+def discount_of(b: dict[str, torch.Tensor], gamma: float) -> np.ndarray:
+    """The batches' gamma ** n * (1 - terminated), (K, B) float32 (as the algorithms' losses compute it)."""
+    return discounts(np.ascontiguousarray(b["steps"].numpy()), np.ascontiguousarray(b["terminated"].numpy()),
+                     float(gamma))
+
+
+if numba is not None:
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def discounts(steps, terminated, gamma):  # pragma: no cover - compiled
+        """gamma ** n * (1 - terminated) per transition, in one call: as five torch ops around a phase of one step
+        these cost ~40 us, each run cold after the phase evicted the caches."""
+        K, B = steps.shape
+        out = np.empty((K, B), np.float32)
+        g = np.float32(gamma)
+        for k in range(K):
+            for i in range(B):
+                out[k, i] = np.float32(0.0) if terminated[k, i] else g ** np.float32(steps[k, i])
+        return out
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def cat(a, b, out):  # pragma: no cover - compiled
+        """out = [a, b] along the features (a critic's input: observation, action)."""
+        da = a.shape[1]
+        for i in range(out.shape[0]):
+            for j in range(da):
+                out[i, j] = a[i, j]
+            for j in range(b.shape[1]):
+                out[i, da + j] = b[i, j]
