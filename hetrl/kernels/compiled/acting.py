@@ -74,10 +74,18 @@ class CompiledMLP(nn.Sequential):
         return torch.from_numpy(out).reshape(*lead, p.n_out)
 
     def __getstate__(self) -> dict:
-        # the parameters are views of the flat buffer: pickled as they are, each would carry the whole buffer
+        # the parameters are views of the flat buffer: pickled as they are, each would carry the whole buffer, so
+        # compact copies go instead. They stay with this module: multiprocessing's pickler shares a tensor's memory
+        # through a file descriptor that must stay open until the child process has received it, after pickling
+        copies = self.__dict__.get("_pickled")
+        if copies is None:
+            copies = OrderedDict((k, copy.deepcopy(m)) for k, m in self._modules.items())
+            self.__dict__["_pickled"] = copies
+        else:
+            for k, m in self._modules.items():
+                copies[k].load_state_dict(m.state_dict())
         state = self.__dict__.copy()
-        state.update(_flat=None, _ptrs=(), _ws=np.zeros(0, np.float32))
-        state["_modules"] = OrderedDict((k, copy.deepcopy(m)) for k, m in self._modules.items())
+        state.update(_flat=None, _ptrs=(), _ws=np.zeros(0, np.float32), _pickled=None, _modules=copies)
         return state
 
 

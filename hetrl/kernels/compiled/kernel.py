@@ -58,6 +58,7 @@ class CompiledKernel(Kernel):
     critic_lanes: TD3 on two threads runs a critic per lane (False: the batch's rows split, as the others)."""
 
     name = "compiled"
+    releases_gil = True      # a phase is numba code compiled with nogil: a population's members learn side by side
 
     def __init__(self, algo, gemm: str | None = None, critic_lanes: bool = True, **options):
         why = self.check(algo)
