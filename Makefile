@@ -24,7 +24,7 @@ run: install
 	$(BIN)/hetrl train dqn --env CartPole-v1 --out runs/quickstart --force
 
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 bench: install
 	$(BIN)/pip install -e '.[bench]'

@@ -328,8 +328,9 @@ def test_a_short_atari_run_completes_and_writes_result_json(schedule, tmp_path):
     from hetrl.replay.memory import arrays_bytes
 
     evaluate = schedule == "inline"   # one whole game of Pong, raw score (-21..21)
+    # one evaluation, of the final policy (eval_interval = the run: not a whole game every tenth of it)
     run = hetrl.train("dqn", "ALE/Pong-v5", plan="none", schedule=schedule, out=tmp_path, eval_episodes=1 if evaluate else 0,
-                      keep_best=False, **TINY_ATARI)
+                      keep_best=False, eval_interval=TINY_ATARI["steps"], **TINY_ATARI)
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["env_steps"] == 600 and r["gradient_steps"] >= 95 and r["schedule"] == schedule
     storage = run.schedule.replay.storage

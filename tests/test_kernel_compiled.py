@@ -93,11 +93,20 @@ def _same_state(a, b, rtol=1e-4):
         elif isinstance(sa[key], dict) and "state" in sa[key]:   # an optimizer's state
             for (ka, oa), (kb, ob) in zip(sa[key]["state"].items(), sb[key]["state"].items()):
                 assert float(oa["step"]) == float(ob["step"])
-                torch.testing.assert_close(oa["exp_avg"], ob["exp_avg"], rtol=10 * rtol, atol=1e-7)
-                torch.testing.assert_close(oa["exp_avg_sq"], ob["exp_avg_sq"], rtol=10 * rtol, atol=1e-9)
+                _close_but_for_cancelled(oa["exp_avg"], ob["exp_avg"], 10 * rtol, 1e-7, 1e-5)
+                _close_but_for_cancelled(oa["exp_avg_sq"], ob["exp_avg_sq"], 10 * rtol, 1e-9, 1e-7)
         elif isinstance(sa[key], dict):   # a network's state dict
             for k in sa[key]:
-                torch.testing.assert_close(sa[key][k], sb[key][k], rtol=rtol, atol=atol)
+                _close_but_for_cancelled(sa[key][k], sb[key][k], rtol, atol, 3 * a.updates * a.cfg.lr)
+
+
+def _close_but_for_cancelled(got, want, rtol, atol, bound):
+    """Every element within tolerance but for one in a thousand at most (weights whose gradient cancelled, see
+    above), and those within `bound` (for a weight: Adam moves it ~lr per update at most, so 3 x updates x lr)."""
+    diff, tight = (got - want).abs(), atol + rtol * want.abs()
+    off = diff > tight
+    assert off.float().mean().item() <= 1e-3, f"{int(off.sum())} of {off.numel()} elements beyond tolerance"
+    assert bool((diff[off] <= bound).all()), f"an element differs by {diff.max().item():.3g} > {bound:.3g}"
 
 
 # net_arch x activation x layer_norm x threads, parametrised so the file stays fast: every small case on several

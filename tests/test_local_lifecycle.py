@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,8 +140,8 @@ def test_sigint_stops_all_processes_and_saves_a_checkpoint(tmp_path):
 
 def test_sigkill_of_the_main_process_leaves_no_process_and_no_shm(tmp_path):
     before = shm_entries()
-    out, tmp = tmp_path / "run", tmp_path / "tmp"
-    tmp.mkdir()
+    # a short TMPDIR: the forkserver's socket path inside it must fit AF_UNIX's 108 bytes
+    out, tmp = tmp_path / "run", Path(tempfile.mkdtemp(prefix="hl-", dir="/tmp"))
     p = start_training(out, tmp=tmp)
     try:
         tree = wait_until_training(p, out)
@@ -152,7 +154,9 @@ def test_sigkill_of_the_main_process_leaves_no_process_and_no_shm(tmp_path):
             p.kill()
     assert wait_gone(tree) == set(), "processes left behind"
     assert shm_entries() - before == set(), "shared memory left behind"
-    assert [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")] == [], "temp folder left behind"
+    left = [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert left == [], "temp folder left behind"
 
 
 def test_sigterm_stops_the_run_like_ctrl_c(tiny, tmp_path):
