@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,6 +8,37 @@ import torch
 # one BLAS thread per test process keeps timings and results stable on the 2-core CI machine
 torch.set_num_threads(1)
 os.environ.setdefault("HETRL_TEST", "1")
+
+# The compiled learner kernel's heads and acting, compiled into numba's on-disk cache before any test runs (a minute
+# or more per head on a cold cache, e.g. a fresh clone), in two processes side by side: otherwise every test process
+# that meets a head first (test workers, local actors, Ray workers) compiles it at the same time.
+WARM = """
+import sys
+import gymnasium as gym
+from hetrl.algos import make_algorithm
+from hetrl.config import make_config
+from hetrl.kernels.compiled import CompiledKernel, available
+if available() is None:
+    for name in sys.argv[1:]:
+        env = "CartPole-v1" if name == "dqn" else "Pendulum-v1"
+        e = gym.make(env)
+        algo = make_algorithm(make_config(name, env, {"net_arch": [8, 8]}), e.observation_space, e.action_space)
+        kernel = CompiledKernel(algo)
+        kernel.wrap_policy(algo.make_policy(seed=0, num_envs=1)).act(e.reset(seed=0)[0][None], False)
+        kernel.close()
+"""
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get("HETRL_TEST_NO_WARM"):   # the controlling process only
+        return
+    procs = [subprocess.Popen([sys.executable, "-c", WARM, *names], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for names in (("ddpg", "td3"), ("dqn", "sac"))]
+    for p in procs:   # a failure here shows again, with its message, in the tests of the kernel
+        try:
+            p.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 @pytest.fixture

@@ -393,6 +393,33 @@ def test_dot_equals_numpy_on_each_gemm_chosen_explicitly(name):
     assert "already multiply on" in got["again"] or "mkl" not in sgemm.candidates()
 
 
+RECORDED_OTHER = r"""
+import json, sys
+import gymnasium as gym
+from hetrl.algos import make_algorithm
+from hetrl.config import make_config
+from hetrl.kernels.compiled import CompiledKernel, sgemm
+first = sgemm.bind(sys.argv[1])
+other = "openblas" if first == "mkl" else "mkl"
+e = gym.make("CartPole-v1")
+k = CompiledKernel(make_algorithm(make_config("dqn", "CartPole-v1", {"net_arch": [8]}), e.observation_space,
+                                  e.action_space), gemm=other)
+print(json.dumps({"first": first, **k.figures()}))
+k.close()
+"""
+
+
+@pytest.mark.skipif("mkl" not in sgemm.candidates(), reason="one GEMM only in this torch build")
+def test_a_recorded_gemm_other_than_the_bound_one_runs_on_the_bound_one_and_says_so():
+    """A run whose recorded choice (machine cache, checkpoint) names the GEMM another kernel of this process did not
+    bind runs on the bound one, with a warning line and the reason in its figures (result.json's gemm_note)."""
+    p = _run(RECORDED_OTHER, "mkl")
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["gemm"] == got["first"] == "mkl" and "not the recorded openblas" in got["gemm_note"]
+    assert "warning: the compiled kernel multiplies on mkl, not the recorded openblas" in p.stderr
+
+
 def test_hetrl_sgemm_pins_the_choice_and_an_unknown_name_is_one_line(monkeypatch):
     """HETRL_SGEMM is read, never written: it wins over the choice asked for (no error for another name while it
     pins the bound one); an unknown name there or asked for is one line."""

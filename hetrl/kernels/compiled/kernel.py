@@ -8,6 +8,7 @@ it does not take an algorithm (a layer without a piece, dueling heads, pixels, a
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -66,6 +67,16 @@ class CompiledKernel(Kernel):
             raise ValueError(f"the compiled kernel does not take this algorithm: {why}")
         super().__init__(algo)
         t0 = time.perf_counter()
+        self._gemm_note = ""
+        bound = sgemm.chosen()
+        if gemm is not None and bound is not None and gemm != bound and not sgemm.pinned():
+            # a recorded choice (the machine's cache, a checkpoint) names a GEMM other than the one an earlier kernel
+            # bound in this process: the products run on the bound one, and the figures and result.json say so
+            self._gemm_note = (f"{bound}, not the recorded {gemm}: this process bound {bound} first (the GEMM is "
+                               "bound once per process)")
+            print(f"warning: the compiled kernel multiplies on {self._gemm_note}; results may differ from a run "
+                  f"on {gemm} in the last bits", file=sys.stderr)
+            gemm = bound
         self.gemm = sgemm.bind(gemm)
         self.head = head_class(algo)(algo, critic_lanes=critic_lanes, **options)
         self.threads = 0                # the learner's threads (use_threads); 0: torch's count
@@ -134,8 +145,8 @@ class CompiledKernel(Kernel):
         """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_note": why not the one
         asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows"}."""
         out = {"gemm": self.gemm, "lanes": self._lanes}
-        if sgemm.note():
-            out["gemm_note"] = sgemm.note()
+        if sgemm.note() or self._gemm_note:
+            out["gemm_note"] = self._gemm_note or sgemm.note()
         if self.head.lane_split:
             out["lane_split"] = self.head.lane_split
         return out
