@@ -41,6 +41,18 @@ def pytest_configure(config):
             p.kill()
 
 
+# The longest files first: pytest-xdist hands whole files to its workers in collection order, so a long file
+# collected last would run alone at the end while the other worker idles
+LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_local_lifecycle.py", "test_atari.py",
+                 "test_population.py", "test_ray_cluster.py", "test_crossq.py", "test_ray_start.py", "test_local.py",
+                 "test_sac_td3.py", "test_kernel_compiled.py", "test_callbacks.py", "test_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's tests keep their order
+
+
 @pytest.fixture
 def tiny():
     """Settings for a fast DQN run on CartPole (seconds, not minutes)."""

@@ -128,7 +128,7 @@ class ReplayRatio:
             self.unwritten += g
 
     def undrawn(self, g: int) -> None:
-        """g batches asked for were not drawn (a replay server's rate limiter held them)."""
+        """g batches asked for did not come (a replay server's rate limiter held them)."""
         self.core.c.samples -= g * self.B
         if self.prioritized:
             self.unwritten -= g
