@@ -1,11 +1,13 @@
 """A population of seeds as one hetrl run, against the ways people train many seeds today, alternating in one run.
 
     python benchmarks/bench_population.py [--seeds 8] [--rounds 1] [--cases dqn:CartPole-v1:50000,sac:Pendulum-v1:20000]
-        [--variants population,one,pairs,sb3] [--out FILE]
+        [--variants population,groups,one,pairs,sb3] [--out FILE]
 
 Per case (ALGO:ENV:STEPS[:key=value...], the rl-zoo preset otherwise), each variant in fresh subprocesses:
-  population  the N seeds as one hetrl population (`hetrl.train(..., seeds=N)`, plan none: one process, the
-              members as lanes over the cores where the learner kernel allows)
+  population  the N seeds as one hetrl population in one process (`hetrl.train(..., seeds=N)`, plan none: the
+              members' phases as lanes over the cores where the learner kernel allows)
+  groups      the N seeds as one hetrl population, a process per core (`schedule="local"`, plan none: what the
+              planner picks on several CPU cores), each acting and learning for its share of the members
   one         seed 0 alone (hetrl, plan none: inline, the learner on every core)
   pairs       the N seeds as separate hetrl runs, two at a time (each with the default threads, as a user
               starting them by hand would)
@@ -49,7 +51,8 @@ else:
     if kind == "population":
         run = hetrl.train(algo, env, seeds=int(seeds), out=out, **kw)
         r = {k: run.result.get(k) for k in ("members", "env_steps", "wall_s", "lanes", "parallel_lanes",
-                                            "learner_kernel")}
+                                            "learner_kernel", "groups", "group_peak_rss_mb", "peak_rss_mb")}
+        r["processes_peak_rss_mb"] = r.pop("peak_rss_mb")
         m = json.loads(open(out + "/members/seed0/result.json").read())
         r.update(member_replay_bytes=m.get("replay_bytes"), member_learner_busy_s=m.get("learner_busy_s"))
     else:
@@ -71,8 +74,11 @@ def child(kind: str, algo: str, env: str, steps: int, extra: dict, seeds: int | 
 
 def variant(kind: str, algo: str, env: str, steps: int, extra: dict, n: int, tmp: str) -> dict:
     t = time.perf_counter()
-    if kind == "population":
-        r = child("population", algo, env, steps, extra, n, f"{tmp}/pop")
+    if kind in ("population", "groups"):
+        r = child("population", algo, env, steps, {**extra, "schedule": "local"} if kind == "groups" else extra, n,
+                  f"{tmp}/pop")
+        if kind == "groups":   # every process's peak (the groups' and the driver's)
+            r["peak_rss_mb"] = r.get("processes_peak_rss_mb") or r["peak_rss_mb"]
     elif kind == "one":
         r = child("one", algo, env, steps, extra, 0)
     elif kind == "pairs":
@@ -82,7 +88,7 @@ def variant(kind: str, algo: str, env: str, steps: int, extra: dict, n: int, tmp
     elif kind == "sb3":
         r = child("sb3", algo, env, steps, extra, 0)
     else:
-        raise SystemExit(f"unknown variant {kind!r}; choose from population, one, pairs, sb3")
+        raise SystemExit(f"unknown variant {kind!r}; choose from population, groups, one, pairs, sb3")
     r["wall_s_outside"] = time.perf_counter() - t   # the whole variant, process start-up and imports included
     return r
 
@@ -92,7 +98,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,sac:Pendulum-v1:20000")
-    ap.add_argument("--variants", default="population,one,pairs,sb3")
+    ap.add_argument("--variants", default="population,groups,one,pairs,sb3")
     ap.add_argument("--out", default=str(HERE / "results" / f"bench_population_{time.strftime('%Y-%m-%d')}.json"))
     args = ap.parse_args()
     import yaml
@@ -112,25 +118,27 @@ def main() -> None:
                 rows[kind].append(res)
                 print(f"{algo} {env} round {r} {kind:>10}: {res['wall_s_outside']:8.1f} s", flush=True)
         wall = {k: statistics.median(x["wall_s_outside"] for x in v) for k, v in rows.items()}
-        ratios = {}
-        if "population" in wall and "one" in wall:
-            ratios["population/one"] = wall["population"] / wall["one"]
-        if "population" in wall and "pairs" in wall:
-            ratios["pairs/population"] = wall["pairs"] / wall["population"]
-        if "population" in wall and "sb3" in wall:
-            ratios["sb3_x_seeds/population"] = args.seeds * wall["sb3"] / wall["population"]
-        memory = {}
-        if rows.get("population") and rows.get("one"):
-            pop, one = rows["population"][0], rows["one"][0]
-            replay = (pop.get("member_replay_bytes") or 0) / 2**20
-            fixed = one["peak_rss_mb"] - (one.get("replay_bytes") or 0) / 2**20
-            memory = {"population_peak_rss_mb": pop["peak_rss_mb"], "one_peak_rss_mb": one["peak_rss_mb"],
-                      "member_replay_mb": replay, "one_fixed_overhead_mb": fixed,
-                      "bound_mb": args.seeds * replay + fixed}
+        ratios, memory = {}, {}
+        for pop in ("population", "groups"):
+            if pop not in wall:
+                continue
+            if "one" in wall:
+                ratios[f"{pop}/one"] = wall[pop] / wall["one"]
+            if "pairs" in wall:
+                ratios[f"pairs/{pop}"] = wall["pairs"] / wall[pop]
+            if "sb3" in wall:
+                ratios[f"sb3_x_seeds/{pop}"] = args.seeds * wall["sb3"] / wall[pop]
+            if rows.get("one"):
+                p, one = rows[pop][0], rows["one"][0]
+                replay = (p.get("member_replay_bytes") or 0) / 2**20
+                fixed = one["peak_rss_mb"] - (one.get("replay_bytes") or 0) / 2**20
+                memory.update({f"{pop}_peak_rss_mb": p["peak_rss_mb"], "one_peak_rss_mb": one["peak_rss_mb"],
+                               "member_replay_mb": replay, "one_fixed_overhead_mb": fixed,
+                               "bound_mb": args.seeds * replay + fixed})
         print(f"==> {algo} {env}: wall s " + ", ".join(f"{k} {v:.1f}" for k, v in wall.items())
               + "".join(f"; {k} {v:.2f}" for k, v in ratios.items())
-              + (f"; peak RSS {memory['population_peak_rss_mb']:.0f} MB vs bound {memory['bound_mb']:.0f} MB"
-                 if memory else ""))
+              + "".join(f"; {k} {v:.0f} MB" for k, v in memory.items() if k.endswith("peak_rss_mb"))
+              + (f" (bound {memory['bound_mb']:.0f} MB)" if memory else ""))
         report["cases"].append({"algo": algo, "env": env, "steps": steps, "extra": extra, "runs": rows,
                                 "median_wall_s": wall, "ratios": ratios, "memory": memory})
     out = Path(args.out)

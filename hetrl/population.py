@@ -303,7 +303,7 @@ def _kernel_of(cfg: Config, env) -> tuple[str, bool]:
     device = resolve_device(cfg.device)
     choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, replay_spec(cfg, obs, act),
                             device, group_size(grads_per_phase(cfg), cfg.prioritized))
-    return choice.name, bool(getattr(kernels.kernel_class(choice.name), "releases_gil", False))
+    return choice.name, kernels.kernel_class(choice.name).side_by_side()
 
 
 def train(algo: str, env="CartPole-v1", seeds: Any = 1, sweep: Any = None, steps: int | None = None,
@@ -395,6 +395,12 @@ def _train_groups(members: list[Member], env, out: Path, pp, spec: dict, planned
                "env_steps_per_s": len(members) * steps / wall if wall else 0.0,
                "groups": len(pp.groups), "lanes": pp.lanes,
                "learner_kernel": results[0]["figures"].get("learner_kernel") if results else None}
+    if pp.schedule == "local":   # every process's peak: the groups' and this one's (their sum bounds the run's)
+        import resource
+
+        groups_rss = [r["figures"].get("peak_rss_mb") or 0.0 for r in results]
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        figures.update(group_peak_rss_mb=groups_rss, peak_rss_mb=own + sum(groups_rss))
     interrupted = next((r["interrupted"] for r in results if r["interrupted"]), False)
     result = write_population(out, members, spec, figures, planned, interrupted)
     return GroupedPopulation(members, out, result, interrupted)

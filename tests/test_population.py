@@ -5,6 +5,7 @@ line."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -104,6 +105,32 @@ def test_members_differ_only_in_what_a_sweep_may_change():
     assert {"net_arch", "policy_delay", "train_freq", "schedule", "seed"} <= fixed and "lr" not in fixed
     with pytest.raises(UsageError, match="policy_delay"):
         hetrl.train("td3", "Pendulum-v1", seeds=2, sweep={"policy_delay": [1, 2]}, **{**TINY, "net_arch": [8]})
+
+
+def test_the_plan_puts_a_group_per_core_and_lanes_only_on_a_threadsafe_numba_layer():
+    """On several cores the members are split into a process per core (acting holds a core per process); one
+    process (--schedule inline) learns its members' phases as lanes. numba's workqueue layer aborts the process
+    when two threads launch parallel regions at once: there the members of one process learn one after another."""
+    import subprocess
+    import sys
+
+    from hetrl.kernels.compiled.kernel import CompiledKernel, threadsafe_layer
+    from hetrl.planner.population import plan_population
+
+    assert threadsafe_layer() is None and CompiledKernel.side_by_side()   # OpenMP (torch's) or TBB here
+    p = plan_population(8, 2, "compiled", True)
+    assert (p.schedule, p.groups, p.lanes) == ("local", [[0, 1, 2, 3], [4, 5, 6, 7]], 1)
+    assert plan_population(8, 1, "compiled", True).schedule == "inline"
+    p = plan_population(8, 2, "compiled", True, schedule="inline")
+    assert (p.schedule, len(p.groups), p.lanes) == ("inline", 1, 2)
+    code = ("from hetrl.kernels.compiled.kernel import CompiledKernel, threadsafe_layer\n"
+            "from hetrl.planner.population import plan_population\n"
+            "p = plan_population(4, 2, 'compiled', CompiledKernel.side_by_side(), schedule='inline')\n"
+            "print(threadsafe_layer()); print(p.schedule, p.lanes)")
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    why, plan = out.strip().splitlines()
+    assert "workqueue" in why and plan == "inline 1"
 
 
 @pytest.mark.parametrize("schedule", ["local", pytest.param("ray", marks=pytest.mark.ray)])

@@ -23,6 +23,12 @@ class Kernel:
         self.compile_s = 0.0     # seconds spent compiling or capturing (reported with the run's figures)
 
     @classmethod
+    def side_by_side(cls) -> bool:
+        """Whether phases of several algorithms (a population's members) may run at once in threads of one process:
+        the kernel runs without the GIL and whatever it launches may be entered from several threads at once."""
+        return cls.releases_gil
+
+    @classmethod
     def check(cls, algo) -> str | None:
         """None where this kernel takes `algo` (its networks, device, dtype); else one line saying why not,
         naming the network or layer it cannot take."""

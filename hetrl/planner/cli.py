@@ -100,7 +100,7 @@ def _population_plan(args, cfg, result):
     device = result.plan.learner_device
     choice = Choice.from_json(result.kernel) if result.kernel else Choice()
     return plan_population(members, result.cores or os.cpu_count() or 1, choice.name,
-                           bool(getattr(kernel_class(choice.name), "releases_gil", False)), device=device)
+                           kernel_class(choice.name).side_by_side(), device=device)
 
 
 def register(subparsers) -> None:

@@ -1,12 +1,14 @@
 """How a population's members are grouped into processes and lanes (a member is never split).
 
-A member's phase is the learner's unit of work. Members learn side by side in one process, as lanes over its
-cores, where the learner kernel runs without Python's GIL (the compiled CPU kernel: its numba phase releases
-it); there one process with a lane per core takes every member, with one vector env and one policy call per
-step for all of them. A kernel that holds the GIL (the public torch kernel on small networks) gains nothing
-from threads: members are then split into one group per core, each a process (local) or a Ray task (ray)
-learning its members one after another. A GPU learner takes every member in one process (its phases queue on
-the device).
+A member's step is acting (its envs, its policy, its replay's inserts: Python, holding the GIL) and then its
+learner's phase. On a CPU with several cores the members are split into one group per core, each a process
+(local) or a Ray task (ray): every part of a member's step then runs on its own core, and within a group the
+members' envs step as one vector env with one policy call per step for all of them. One process with the
+members' phases as lanes over the cores (the compiled CPU kernel: its numba phase runs without the GIL, and
+numba's OpenMP or TBB threading layer takes launches from several threads at once) parallelises only the
+learner's share: acting stays on one core. That one process is what `--schedule inline` pins: it holds one
+copy of the process's fixed memory (the interpreter, torch) instead of one per group. A GPU learner takes every
+member in one process (its phases queue on the device).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def split(members: int, groups: int) -> list[list[int]]:
     return out
 
 
-def plan_population(members: int, cores: float, kernel: str, releases_gil: bool, schedule: str | None = None,
+def plan_population(members: int, cores: float, kernel: str, side_by_side: bool, schedule: str | None = None,
                     device: str = "cpu") -> PopulationPlan:
     """The grouping for `members` members on `cores` cores whose learner runs `kernel`; `schedule` pins it."""
     whole = max(1, math.floor(cores + 1e-9))
@@ -54,15 +56,16 @@ def plan_population(members: int, cores: float, kernel: str, releases_gil: bool,
         return PopulationPlan("inline" if schedule in (None, "inline") else schedule, split(members, 1), 1, kernel,
                               f"the learner is on {device}: every member's phase is queued on it from one process")
     if schedule is None:
-        schedule = "inline" if releases_gil or whole == 1 or members == 1 else "local"
+        schedule = "inline" if whole == 1 or members == 1 else "local"
     if schedule == "inline":
-        lanes = min(whole, members) if releases_gil else 1
-        why = (f"the {kernel} kernel runs without the GIL, so {lanes} member phases learn at once on the cores"
-               if lanes > 1 else f"the {kernel} kernel holds the GIL: members learn one after another"
-               if releases_gil is False else "one core")
+        lanes = min(whole, members) if side_by_side else 1
+        why = (f"the {kernel} kernel runs side by side in threads, so {lanes} member phases learn at once on the cores"
+               if lanes > 1 else f"the {kernel} kernel's phases do not run side by side in threads: members learn "
+               "one after another" if side_by_side is False else "one core")
         return PopulationPlan("inline", split(members, 1), lanes, kernel, why)
     groups = split(members, min(whole, members))
-    lanes = max(1, min(whole // len(groups), max(len(g) for g in groups))) if releases_gil else 1
-    why = (f"one group per core, each learning its members in its own {'process' if schedule == 'local' else 'Ray task'}"
-           + ("" if releases_gil else f" (the {kernel} kernel holds the GIL, so threads would not help)"))
+    lanes = max(1, min(whole // len(groups), max(len(g) for g in groups))) if side_by_side else 1
+    where = "process" if schedule == "local" else "Ray task"
+    why = (f"one group per core, each acting and learning for its members in its own {where} (in one process, "
+           f"acting would hold one core{'' if side_by_side else ' and so would learning'})")
     return PopulationPlan(schedule, groups, lanes, kernel, why)

@@ -186,7 +186,7 @@ class PopulationSchedule:
         self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(cfgs)))
         # phases of members in threads only where the kernel runs without the GIL (the compiled one): torch's
         # eager ops on small networks hold it most of the time, and a loop is then faster
-        self.parallel = self.lanes > 1 and all(getattr(core.kernel, "releases_gil", False) for core in self.cores)
+        self.parallel = self.lanes > 1 and all(core.kernel.side_by_side() for core in self.cores)
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="hetrl-member") if self.parallel else None
         # on a GPU with the CUDA-graph kernel: every member's phase replayed from one graph, the members as parallel
         # branches (the GPU runs their small kernels side by side)

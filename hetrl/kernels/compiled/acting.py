@@ -42,19 +42,25 @@ class CompiledMLP(nn.Sequential):
         super().__init__(OrderedDict(seq.named_children()))
         self.program = program or compile_program(seq, order_offsets(seq), "the network")
         self.gemm = gemm
-        self._flat: torch.Tensor | None = None
-        self._ptrs: tuple = ()
+        self._flat: np.ndarray | None = None
+        self._slots: tuple = ()      # (module, name, parameter, its data_ptr) per parameter, as flattened
         self._ws = np.zeros(0, np.float32)
+        self._need: dict[int, int] = {}   # rows -> workspace floats
 
     def _buffer(self) -> np.ndarray:
-        """The flat parameter buffer, made on first use (and again if a load replaced the parameters)."""
-        params = list(self.parameters())
-        if self._flat is None or tuple(p.data_ptr() for p in params) != self._ptrs:
-            from hetrl.algos.nets import flatten
+        """The flat parameter buffer, made on first use and again if a load replaced the parameters (a module's
+        parameter set anew, or its data swapped; an in-place load, as load_state_dict's, keeps the buffer). The
+        check walks a tuple kept from the flattening: named_parameters() on every call cost more than the
+        program's run on one row."""
+        flat = self._flat
+        if flat is not None and all(m._parameters[n] is p and p.data_ptr() == ptr for m, n, p, ptr in self._slots):
+            return flat
+        from hetrl.algos.nets import flatten
 
-            self._flat = flatten(self)
-            self._ptrs = tuple(p.data_ptr() for p in params)
-        return self._flat.numpy()
+        self._flat = flatten(self).numpy()
+        self._slots = tuple((m, n, p, p.data_ptr()) for m in self.modules() for n, p in m._parameters.items()
+                            if p is not None)
+        return self._flat
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.program
@@ -65,13 +71,19 @@ class CompiledMLP(nn.Sequential):
             sgemm.bind(self.gemm)
         flat = self._buffer()
         lead = x.shape[:-1]
-        rows = np.ascontiguousarray(x.detach().reshape(-1, p.n_in).numpy())
-        out = np.empty((rows.shape[0], p.n_out), np.float32)
-        need = p.floats(rows.shape[0], grads=False)
+        rows = x.detach().numpy().reshape(-1, p.n_in)
+        if not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(rows)
+        R = rows.shape[0]
+        need = self._need.get(R)
+        if need is None:
+            need = self._need[R] = p.floats(R, grads=False)
         if self._ws.shape[0] < need:
             self._ws = np.zeros(need, np.float32)
+        out = np.empty((R, p.n_out), np.float32)
         run(p.ops, p.fc, flat, rows, self._ws, out)
-        return torch.from_numpy(out).reshape(*lead, p.n_out)
+        out = torch.from_numpy(out)
+        return out if len(lead) == 1 else out.reshape(*lead, p.n_out)
 
     def __getstate__(self) -> dict:
         # the parameters are views of the flat buffer: pickled as they are, each would carry the whole buffer, so
@@ -85,7 +97,7 @@ class CompiledMLP(nn.Sequential):
             for k, m in self._modules.items():
                 copies[k].load_state_dict(m.state_dict())
         state = self.__dict__.copy()
-        state.update(_flat=None, _ptrs=(), _ws=np.zeros(0, np.float32), _pickled=None, _modules=copies)
+        state.update(_flat=None, _slots=(), _need={}, _ws=np.zeros(0, np.float32), _pickled=None, _modules=copies)
         return state
 
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import torch
 
 from hetrl.kernels.compiled import sgemm
@@ -38,6 +39,29 @@ def available() -> str | None:
     return None
 
 
+def threadsafe_layer() -> str | None:
+    """None where numba's threading layer lets several threads launch parallel regions at once (OpenMP, TBB);
+    else why not. numba's workqueue layer (the fall-back where neither is installed) aborts the process when two
+    threads launch at once, so a population's members then learn one after another."""
+    if numba is None:
+        return "numba is not installed"
+    try:
+        layer = numba.threading_layer()
+    except ValueError:   # no parallel region has run in this process yet: run one, so numba picks its layer
+        _touch(np.zeros(2))
+        layer = numba.threading_layer()
+    return None if layer in ("omp", "tbb") else (
+        f"numba's threading layer is {layer}, which one thread at a time may enter (install TBB, `pip install tbb`, "
+        "or use a numba built with OpenMP for members side by side)")
+
+
+if numba is not None:
+    @numba.njit(cache=True, parallel=True)
+    def _touch(x):
+        for i in numba.prange(x.shape[0]):
+            x[i] += 1.0
+
+
 def head_class(algo):
     """The head for `algo`'s class, or a line saying why none: a head is the loss of one built-in algorithm, so
     a subclass (which may change the loss) is not taken."""
@@ -60,6 +84,10 @@ class CompiledKernel(Kernel):
 
     name = "compiled"
     releases_gil = True      # a phase is numba code compiled with nogil: a population's members learn side by side
+
+    @classmethod
+    def side_by_side(cls) -> bool:
+        return threadsafe_layer() is None
 
     def __init__(self, algo, gemm: str | None = None, critic_lanes: bool = True, **options):
         why = self.check(algo)

@@ -174,6 +174,9 @@ def compile_program(seq: nn.Module, offset: Callable[[torch.Tensor], int], what:
                    sum(b - a for a, b in params))
 
 
+# a forward pass of at most this many rows multiplies in its own loops instead of calling the GEMM (acting)
+FEW_ROWS = 4
+
 # ---- the compiled pieces ------------------------------------------------------------------------------
 if numba is not None:
     dot, gemm = sgemm.dot, sgemm.gemm
@@ -377,6 +380,17 @@ if numba is not None:
             for j in range(F):
                 g[i, j] = np.float32((g[i, j] - s1 - st[i, j] * s2) * r)
 
+    @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+    def _few_rows(x, w, out):  # pragma: no cover - compiled
+        """out = x @ w.T for a few rows x (acting on a handful of envs): a dot product per output, in
+        vectorised loops: a GEMM call's fixed cost (OpenBLAS's above all) is larger than such a product."""
+        for r in range(x.shape[0]):
+            for j in range(w.shape[0]):
+                acc = np.float32(0.0)
+                for i in range(w.shape[1]):
+                    acc += x[r, i] * w[j, i]
+                out[r, j] = acc
+
     # -- the interpreter --
     # (one loop each way, without a function per op: numba links every callee's code into each caller and
     # optimises it again there, so each level of calls costs compile time)
@@ -389,7 +403,10 @@ if numba is not None:
             kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
             out = t[3 * i]
             if kind == LINEAR:
-                gemm(xin, flat[wo:wo + fo * fi].reshape((fo, fi)).T, out, np.float32(0.0))
+                if xin.shape[0] <= FEW_ROWS:
+                    _few_rows(xin, flat[wo:wo + fo * fi].reshape((fo, fi)), out)
+                else:
+                    gemm(xin, flat[wo:wo + fo * fi].reshape((fo, fi)).T, out, np.float32(0.0))
                 _bias_act(out, flat, bo, act, fc[i, 1], t[3 * i + 2])
             elif kind == NORM:
                 _norm_fwd(xin, out, t[3 * i + 1], t[3 * i + 2], flat, wo, bo, fc[i, 0], act, fc[i, 1])
