@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config import SYSTEM_KEYS, Config, check_value, make_config, settings_class
-from hetrl.errors import UsageError
+from hetrl.errors import HetrlError, UsageError
 
 POPULATION_FILE = "population.json"
 FORMAT = "hetrl-population/1"
@@ -175,7 +175,9 @@ class PopulationRun:
                 stack.enter_context(core.clock_paused())
             yield
 
-    def learn(self, progress: bool = True, callback=None) -> "PopulationRun":
+    def learn(self, progress: bool = True, callback=None, stopped=None) -> "PopulationRun":
+        """Train every member to its steps. Stops at the end of a phase, every member saved, on SIGINT / SIGTERM
+        or where `stopped(env_steps)` (a group's driver asking, before each phase) turns true."""
         from hetrl.api import _hook, stop_signals
         from hetrl.logger import Logger
 
@@ -189,6 +191,9 @@ class PopulationRun:
             with stop_signals() as stop:
                 _hook(callback, "training_start", self)
                 while not pop.done() and not stop:
+                    if stopped is not None and stopped(pop.c.env_steps):
+                        stop.signal = "stopped by the population's driver"
+                        break
                     eps = pop.phase()
                     pop.tick()
                     for r in self.runs:
@@ -358,14 +363,15 @@ def train(algo: str, env="CartPole-v1", seeds: Any = 1, sweep: Any = None, steps
 
 
 def _group_main(configs: list, names: list[str], seeds: list[int], settings: list[dict], env, out: str,
-                lanes: int, save_replay: bool, evaluate_episodes: int | None, ship: bool) -> dict:
+                lanes: int, save_replay: bool, evaluate_episodes: int | None, ship: bool, stopped=None) -> dict:
     """One group of a population, in its own process or Ray task: its members trained as an inline population,
-    saved in OUT/members/NAME; returns their files (`ship`: a Ray task on another node) and figures."""
+    saved in OUT/members/NAME; returns their files (`ship`: a Ray task on another node) and figures.
+    `stopped(env_steps)`: whether the driver asks the group to stop (before a phase; every member saved)."""
     members = [Member(n, s, st, c) for n, s, st, c in zip(names, seeds, settings, configs)]
     for m in members:
         m.cfg.schedule = "inline"
     run = PopulationRun(members, env, Path(out), save_replay, lanes=lanes)
-    run.learn(progress=False)
+    run.learn(progress=False, stopped=stopped)
     n_eval = members[0].cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
     if n_eval and run.interrupted in (False, "callback"):
         run.evaluate(n_eval)
@@ -406,15 +412,104 @@ def _train_groups(members: list[Member], env, out: Path, pp, spec: dict, planned
     return GroupedPopulation(members, out, result, interrupted)
 
 
+class _DriverStop:
+    """A group process's view of its driver, asked at the start of every phase with the members' env steps.
+
+    The driver asks the groups to stop (it got SIGINT / SIGTERM) by setting `stop_at` to one past the furthest
+    group's count; every group then stops at the first phase boundary at or beyond it. A phase is the same
+    number of env steps per member in every group, so all members stop at the same count and the population
+    resumes as one. The lock makes "record my count, read stop_at" and "read every count, set stop_at" happen
+    one at a time. A group whose starting process (the driver, or its fork server) has ended stops at once
+    rather than train on alone."""
+
+    def __init__(self, lock, progress, stop_at):
+        import os
+
+        self.lock, self.progress, self.stop_at, self.parent = lock, progress, stop_at, os.getppid()
+
+    def __call__(self, env_steps: int) -> bool:
+        import os
+
+        if os.getppid() != self.parent:
+            return True
+        with self.lock:
+            self.progress.value = env_steps
+            at = self.stop_at.value
+        return 0 <= at <= env_steps
+
+
+def _group_process(conn, lock, progress, stop_at, *args) -> None:
+    """A group's process: the terminal's Ctrl-C goes to the driver alone (this process leads its own process group),
+    which asks every group to stop (_DriverStop); sends back ("ok", figures) or ("error", the exception)."""
+    import os
+
+    os.setpgrp()
+    try:
+        conn.send(("ok", _group_main(*args, stopped=_DriverStop(lock, progress, stop_at))))
+    except BaseException as e:  # noqa: BLE001 - sent to the driver, which raises it
+        try:
+            conn.send(("error", e))
+        except Exception:   # an exception that does not pickle: its line
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
 def _run_processes(jobs: list, env, out: Path, lanes: int, save_replay: bool, evaluate_episodes) -> list[dict]:
+    """The groups as processes. SIGINT / SIGTERM to this driver asks every group to stop at the end of its phase
+    with its members saved; a second one stops the driver's wait, which still gives the groups a minute to save."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing.connection import wait
+
+    from hetrl.api import stop_signals
 
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(len(jobs), mp_context=ctx) as pool:
-        futures = [pool.submit(_group_main, *job, env, str(out), lanes, save_replay, evaluate_episodes, False)
-                   for job in jobs]
-        return [f.result() for f in futures]
+    lock, stop_at = ctx.Lock(), ctx.Value("q", -1, lock=False)
+    progress = [ctx.Value("q", 0, lock=False) for _ in jobs]
+
+    def ask_to_stop() -> None:   # every group stops at the first phase boundary past the furthest one
+        with lock:
+            if stop_at.value < 0:
+                stop_at.value = max(v.value for v in progress) + 1
+
+    procs, conns = [], []
+    results: list = [None] * len(jobs)
+    try:
+        with stop_signals() as stop:
+            for job, mine in zip(jobs, progress):
+                recv, send = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_group_process, name="hetrl-group",
+                                args=(send, lock, mine, stop_at, *job, env, str(out), lanes, save_replay,
+                                      evaluate_episodes, False))
+                p.start()
+                send.close()
+                procs.append(p)
+                conns.append(recv)
+            while any(r is None for r in results):
+                if stop:
+                    ask_to_stop()
+                for c in wait([c for c, r in zip(conns, results) if r is None], timeout=0.5):
+                    i = conns.index(c)
+                    try:
+                        results[i] = c.recv()
+                    except EOFError:
+                        results[i] = ("error", f"the process of group {i} ended with exit code {procs[i].exitcode}")
+    except BaseException:
+        ask_to_stop()
+        for p in procs:
+            p.join(60)
+        raise
+    for p in procs:
+        p.join()
+    errors = [r[1] for r in results if r[0] != "ok"]
+    if errors:   # the groups share their settings: the first one's error is the one to show
+        raise errors[0] if isinstance(errors[0], BaseException) else HetrlError(f"a population's group failed: "
+                                                                                 f"{errors[0]}")
+    out_results = [r[1] for r in results]
+    if stop.signal:
+        for r in out_results:
+            r["interrupted"] = stop.signal
+    return out_results
 
 
 def _run_ray(jobs: list, env, out: Path, lanes: int, save_replay: bool, evaluate_episodes, cfg: Config) -> list[dict]:

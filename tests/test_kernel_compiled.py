@@ -284,7 +284,8 @@ def test_acting_equals_the_torch_forward_and_pickles(name, net):
     obs = np.random.default_rng(0).standard_normal((5, spaces[0].shape[0])).astype(np.float32)
 
     def same(p, q):
-        np.testing.assert_allclose(p.act_deterministic(obs), q.act_deterministic(obs), rtol=1e-5, atol=1e-6)
+        for rows in (obs[:1], obs[:3], obs):   # a few rows multiply in the program's loops, more on the GEMM
+            np.testing.assert_allclose(p.act_deterministic(rows), q.act_deterministic(rows), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(p.act(obs, 0.3)[1], q.act(obs, 0.3)[1], rtol=1e-5, atol=1e-6)
 
     same(fast, ref)
@@ -304,6 +305,27 @@ def test_acting_equals_the_torch_forward_and_pickles(name, net):
     mlp(x).sum().backward()   # autograd on: the plain Sequential's forward
     assert x.grad is not None
     kernel.close()
+
+
+def test_a_compiled_mlp_follows_parameters_replaced_after_its_first_call():
+    """A policy's load may set a parameter anew or swap its data; the next compiled call reads the new values."""
+    from hetrl.kernels.compiled.acting import wrap
+
+    net = wrap(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)))
+    x = torch.randn(3, 4)
+
+    def check():
+        with torch.no_grad():
+            np.testing.assert_allclose(net(x), nn.Sequential.forward(net, x), rtol=1e-5, atol=1e-6)
+
+    check()   # the parameters are now views of one flat buffer
+    net[0].weight = nn.Parameter(torch.randn(16, 4))
+    check()
+    net[2].bias.data = torch.randn(2)
+    check()
+    with torch.no_grad():
+        net.load_state_dict({k: v + 1 for k, v in net.state_dict().items()})   # in place: the same buffer
+    check()
 
 
 def test_a_pickled_compiled_mlp_carries_only_its_own_parameters():

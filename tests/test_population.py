@@ -150,6 +150,39 @@ def test_member_groups_train_as_processes_or_ray_tasks(tmp_path, schedule):
     assert run.result["aggregate"]["rows"][0]["runs"] == 2
 
 
+def test_a_signal_to_the_driver_of_process_groups_saves_every_member(tmp_path):
+    """--schedule local: SIGTERM (or the terminal's Ctrl-C, which reaches the driver alone: each group leads its
+    own process group) asks every group to stop at the end of a phase; every member is saved, the population's
+    result says so, and it resumes."""
+    import os
+    import signal
+    import threading
+    import time
+
+    out = tmp_path / "pop"
+
+    def signal_once_training():
+        deadline = time.monotonic() + 120
+        while not (out / "progress.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(4.0)   # both groups past their first phases
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=signal_once_training, daemon=True)
+    watcher.start()
+    run = hetrl.train("dqn", "CartPole-v1", seeds=2, out=out, schedule="local", learner_kernel="public",
+                      **dict(TINY, steps=10**6, eval_interval=10**6))
+    watcher.join()
+    assert run.result["interrupted"] == "SIGTERM"
+    done = []
+    for name in ("seed0", "seed1"):
+        ckpt = torch.load(out / "members" / name / "checkpoint.pt", weights_only=True)
+        done.append(ckpt["counters"]["env_steps"])
+    assert all(0 < d < 10**6 for d in done)
+    again = hetrl.resume(out, steps=max(done) + 200, progress=False, evaluate_episodes=0)
+    assert [r.env_steps for r in again.runs] == [max(done) + 200] * 2
+
+
 def test_a_signal_saves_every_member_and_each_resumes(tmp_path):
     """SIGTERM (or Ctrl-C) stops a population at the end of a phase with every member saved; the population
     resumes as a whole, and a member's directory resumes as a run of its own."""
