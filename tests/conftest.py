@@ -33,7 +33,7 @@ def pytest_configure(config):
     if hasattr(config, "workerinput") or os.environ.get("HETRL_TEST_NO_WARM"):   # the controlling process only
         return
     procs = [subprocess.Popen([sys.executable, "-c", WARM, *names], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for names in (("ddpg", "td3"), ("dqn", "sac"))]
+                              stderr=subprocess.DEVNULL) for names in (("ddpg", "td3", "crossq"), ("dqn", "sac"))]
     for p in procs:   # a failure here shows again, with its message, in the tests of the kernel
         try:
             p.wait(timeout=600)

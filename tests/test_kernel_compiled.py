@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(available() is not None, reason="numba/scipy not
 
 DQN_SPACES = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
 AC_SPACES = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)))
-ENV = {"dqn": "CartPole-v1", "ddpg": "Pendulum-v1", "td3": "Pendulum-v1", "sac": "Pendulum-v1"}
+ENV = {"dqn": "CartPole-v1", "ddpg": "Pendulum-v1", "td3": "Pendulum-v1", "sac": "Pendulum-v1", "crossq": "Pendulum-v1"}
 
 
 def _batches(name, K, B, seed, obs_shape=None):
@@ -55,7 +55,8 @@ def _close_kernels():
 def _pair(name, threads=1, spaces=None, critic_lanes=True, **settings):
     """(the compiled kernel on one algorithm, its algorithm, a twin with the same state for the public learn)."""
     spaces = spaces or (DQN_SPACES if name == "dqn" else AC_SPACES)
-    cfg = make_config(name, ENV[name], {"net_arch": [24, 16], "max_grad_norm": 0.5, **settings})
+    small = {"qf_arch": [32, 16]} if name == "crossq" else {}   # (CrossQ's critics are 1024 wide by default)
+    cfg = make_config(name, ENV[name], {"net_arch": [24, 16], "max_grad_norm": 0.5, **small, **settings})
     torch.manual_seed(0)
     fast, ref = make_algorithm(cfg, *spaces), make_algorithm(cfg, *spaces)
     ref.load_state_dict(fast.state_dict())
@@ -160,6 +161,31 @@ def test_the_lane_splits_and_optional_parts_equal_the_public_learn(name, setting
     kernel.close()
 
 
+CROSSQ = [({}, 1), ({"activation": "tanh", "layer_norm": True, "renorm_warmup_steps": 4}, 2),
+          ({"batch_norm_actor": False, "ent_coef": "0.1", "max_grad_norm": 0.0, "net_arch": [32, 24, 16],
+            "qf_arch": [24, 24, 8], "policy_delay": 3}, 2),
+          ({"activation": "elu", "renorm_warmup_steps": 2, "net_arch": [256, 256], "qf_arch": [256, 256]}, 2)]
+
+
+@pytest.mark.parametrize("settings,threads", CROSSQ, ids=["relu-1t", "tanh-ln-renorm-2t", "no-actor-bn-fixed-alpha-2t",
+                                                         "256x256-elu-renorm-2t"])
+def test_the_crossq_phase_equals_the_public_learn(settings, threads):
+    """CrossQ's head: the joint critic pass with batch renormalisation (its warm-up and its r/d corrections), the
+    delayed actor and alpha: the same |TD| per phase, then the same parameters, running statistics and pass
+    counts, Adam states (beta1 0.5) and log_alpha as CrossQ's public learn, on one thread or two (a critic per
+    lane)."""
+    kernel, fast, ref = _pair("crossq", threads, **{"policy_delay": 2, **settings})
+    large = settings.get("net_arch") == [256, 256]
+    for seed, K in enumerate((3,) if large else (5, 1, 4)):
+        _learn_both(kernel, ref, K, seed, tol=1e-4 if large else 1e-5)
+    _same_state(fast, ref)
+    steps = [int(m.steps) for m in fast.critics[0].body.norms]
+    assert steps == [int(m.steps) for m in ref.critics[0].body.norms] == [fast.updates] * len(steps)
+    if fast.cfg.batch_norm_actor:
+        assert int(fast.actor.body.norms[0].steps) == fast.updates // fast.cfg.policy_delay
+    kernel.close()
+
+
 def test_observations_of_more_than_one_axis_are_flattened_as_the_networks_do():
     spaces = (gym.spaces.Box(-1, 1, (2, 3)), AC_SPACES[1])
     kernel, fast, ref = _pair("td3", 1, spaces=spaces, policy_delay=1)
@@ -168,7 +194,7 @@ def test_observations_of_more_than_one_axis_are_flattened_as_the_networks_do():
     _same_state(fast, ref)
 
 
-@pytest.mark.parametrize("name", ["dqn", "td3", "sac"])
+@pytest.mark.parametrize("name", ["dqn", "td3", "sac", "crossq"])
 def test_checkpoints_switch_between_kernels(name):
     """compiled -> public -> compiled through checkpoints equals a run that stayed on the public learn: one
     optimizer state, torch.optim.Adam's."""
@@ -228,7 +254,7 @@ def test_a_per_parameter_adam_checkpoint_loads_into_the_flat_optimizer():
 
 # ---- what it declines -----------------------------------------------------------------------------------
 def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
-    for name in ("dqn", "ddpg", "td3", "sac"):
+    for name in ("dqn", "ddpg", "td3", "sac", "crossq"):
         for settings in ({}, {"activation": "tanh", "layer_norm": True}, {"net_arch": [7, 5, 3], "activation": "elu"}):
             cfg = make_config(name, ENV[name], {"net_arch": [8], **settings})
             assert CompiledKernel.check(make_algorithm(cfg, *(DQN_SPACES if name == "dqn" else AC_SPACES))) is None
@@ -262,7 +288,8 @@ def test_check_declines_float64_and_a_subclass_that_may_change_the_loss():
         pass
 
     mine = MyDQN(cfg, *DQN_SPACES)
-    assert CompiledKernel.check(mine).endswith("the compiled kernel has loss heads for hetrl's DQN, DDPG, TD3, SAC only")
+    assert CompiledKernel.check(mine).endswith(
+        "the compiled kernel has loss heads for hetrl's DQN, DDPG, TD3, SAC, CrossQ only")
 
 
 # ---- acting ----------------------------------------------------------------------------------------------

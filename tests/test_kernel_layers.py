@@ -13,6 +13,7 @@ from hetrl.algos.nets import flatten, mlp
 from hetrl.kernels.compiled import available
 from hetrl.kernels.compiled.layers import (
     Declined,
+    compile_layers,
     compile_program,
     order_offsets,
     param_offsets,
@@ -44,7 +45,8 @@ def _check(seq: nn.Sequential, rows: int = 5, seed: int = 0):
     grad = np.full(flat.numel(), np.nan, np.float32)    # every entry must be written
     ws = np.zeros(prog.floats(rows) + rows * prog.n_out, np.float32)
     got_out, got_in = np.empty((rows, prog.n_out), np.float32), np.empty((rows, prog.n_in), np.float32)
-    value_and_grads(prog.ops, prog.fc, flat.numpy(), grad, x.detach().numpy(), up.numpy(), ws, got_out, got_in)
+    value_and_grads(prog.ops, prog.fc, flat.numpy(), grad, x.detach().numpy(), up.numpy(), ws, got_out, got_in,
+                    flat.numpy(), False)
     torch.testing.assert_close(torch.from_numpy(got_out), out.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(grad), want_grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(got_in), x.grad, rtol=1e-4, atol=1e-5)
@@ -126,3 +128,61 @@ def test_numbas_cache_of_the_kernel_is_keyed_to_all_of_its_sources():
 
     locator = dqn.phase._cache._impl.locator
     assert locator.get_source_stamp() == cache.package_stamp()
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("warm", [False, True])
+def test_batch_renormalisation_equals_autograd_and_moves_its_statistics_as_torch(train, warm):
+    """CrossQ's BatchRenorm as a piece (layers.BRN): output, the parameters' and the input's gradients, and the
+    running statistics and pass count after a training pass, before its warm-up ends (plain batch norm) and after
+    it (r and d clipped: the running statistics are set far from the batch's)."""
+    from hetrl.algos.crossq import BatchRenorm
+    from hetrl.kernels.compiled import sgemm
+    from hetrl.kernels.compiled.crossq import States
+    from hetrl.kernels.compiled.layers import BRN, value_and_grads
+
+    sgemm.bind()
+    g = torch.Generator().manual_seed(3)
+    norms = [BatchRenorm(5, 0.9, warmup_steps=0 if warm else 10), BatchRenorm(7, 0.99, warmup_steps=0 if warm else 10)]
+    lin0, lin1 = nn.Linear(5, 7), nn.Linear(7, 3)
+    with torch.no_grad():
+        for n in norms:
+            n.weight.copy_(1 + 0.5 * torch.randn(n.weight.shape, generator=g))
+            n.bias.copy_(0.3 * torch.randn(n.bias.shape, generator=g))
+            n.running_mean.copy_(2 * torch.randn(n.running_mean.shape, generator=g))
+            n.running_var.copy_(0.05 + 3 * torch.rand(n.running_var.shape, generator=g))
+    layers = [("n0", norms[0]), ("l0", lin0), ("act", nn.Tanh()), ("n1", norms[1]), ("l1", lin1)]
+    holder = nn.ModuleList([m for _, m in layers])
+    flat = flatten(holder)
+    states = States()
+    prog = compile_layers(layers, param_offsets(flat), "the critic", states.offset)
+    assert list(prog.ops[:, 0]) == [BRN, 0, BRN, 0] and prog.count == flat.numel()
+    state = states.array()
+    states.load(state)
+    x = torch.randn(9, 5, generator=g, requires_grad=True)
+    h = lin0(norms[0](x, train))
+    out = lin1(norms[1](torch.tanh(h), train))
+    up = torch.randn(out.shape, generator=g)
+    (out * up).sum().backward()
+    want_grad = torch.cat([p.grad.reshape(-1) for p in holder.parameters()])
+    grad = np.full(flat.numel(), np.nan, np.float32)
+    ws = np.zeros(prog.floats(9) + 9 * prog.n_out, np.float32)
+    got_out, got_in = np.empty((9, 3), np.float32), np.empty((9, 5), np.float32)
+    value_and_grads(prog.ops, prog.fc, flat.detach().numpy(), grad, x.detach().numpy(), up.numpy(), ws, got_out,
+                    got_in, state, train)
+    torch.testing.assert_close(torch.from_numpy(got_out), out.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(grad), want_grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(got_in), x.grad, rtol=1e-4, atol=1e-5)
+    before = [(n.running_mean.clone(), int(n.steps)) for n in norms]
+    states.store(state)   # the piece's statistics into the modules: torch's own pass moved them already
+    for n, (mean, steps) in zip(norms, before):
+        torch.testing.assert_close(n.running_mean, mean, rtol=1e-5, atol=1e-6)
+        assert int(n.steps) == steps == (1 if train else 0)
+
+
+def test_batch_renormalisation_needs_a_head_that_keeps_its_statistics():
+    from hetrl.algos.crossq import BatchRenorm
+
+    seq = nn.Sequential(nn.Linear(3, 4), BatchRenorm(4), nn.Linear(4, 1))
+    with pytest.raises(Declined, match="the critic's layer 1 is a batch renormalisation, whose running statistics"):
+        compile_program(seq, order_offsets(seq), "the critic")

@@ -51,6 +51,23 @@ def test_a_kernel_that_differs_is_dropped_with_the_size_of_the_difference():
     assert any("skewed dropped: it differs" in line for line in choice.explain())
 
 
+def test_a_few_weights_off_by_a_cancelled_gradients_adam_steps_are_left_out_and_no_more():
+    """The check leaves out elements off by at most `bound` where they are at most one in a thousand of all (a
+    gradient that cancels to rounding noise, which Adam turns into a step of up to lr either way); more of them,
+    or one off by more, is a difference."""
+    from hetrl.kernels.select import _largest_difference
+
+    want = {"a": torch.linspace(-1, 1, 6000), "b": torch.ones(4000)}
+    got = {k: v.clone() for k, v in want.items()}
+    got["a"][:5] += 2e-3
+    got["b"][:4] -= 2e-3
+    assert _largest_difference(got, want, 3e-3)[::2] == (0.0, 9)
+    ratio, where, _ = _largest_difference(got, want, 1e-3)
+    assert ratio > 1 and where.startswith("a: max |diff| 0.002")
+    got["a"][:20] += 2e-3    # 24 of 10,000 elements: more than rounding can explain
+    assert _largest_difference(got, want, 1e-2)[0] > 1
+
+
 def test_a_kernel_checked_equal_is_timed_and_may_be_chosen():
     cfg, make, spec = _setup()
     choice = select(make, spec, SPACES[1], 8, 4, "cpu", candidates=("public", Same))

@@ -141,23 +141,44 @@ def _tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def _largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
+CANCELLED = 1e-3    # the share of elements that may differ as a cancelled gradient's do (see _largest_difference)
+
+
+def _largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
+                        cancelled_bound: float = 0.0) -> tuple[float, str, int]:
     """The largest |a - b| beyond RTOL x |b| + ATOL x scale (scale: the tensor's largest |value|, at least 1),
-    as (excess ratio, where); a ratio <= 1 is within tolerance."""
-    worst, where = 0.0, ""
+    as (excess ratio, where, elements left out); a ratio <= 1 is within tolerance.
+
+    Elements off by at most `cancelled_bound` are left out where they are at most CANCELLED of all elements:
+    Adam scales each element's step by its own gradient's size, so a weight whose gradient cancels to rounding
+    noise (a bias before a batch normalisation, over a batch where its unit is linear: the normalisation takes the
+    bias out) moves by up to its learning rate in whichever direction the rounding gives, in any two
+    implementations. A kernel that is wrong differs in far more elements than that."""
+    worst, where, loose, total, n_loose = 0.0, "", [], 0, 0
     for k, ref in b.items():
         got = a.get(k)
         if got is None or got.shape != ref.shape:
-            return math.inf, f"{k} missing or of another shape"
+            return math.inf, f"{k} missing or of another shape", 0
         ref, got = ref.detach().double().cpu(), got.detach().double().cpu()
         if not torch.isfinite(got).all():
-            return math.inf, f"{k} not finite"
-        scale = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
-        bound = RTOL * ref.abs() + ATOL * scale
-        ratio = float(((got - ref).abs() / bound).max()) if ref.numel() else 0.0
-        if ratio > worst:
-            worst, where = ratio, f"{k}: max |diff| {float((got - ref).abs().max()):.3g}"
-    return worst, where
+            return math.inf, f"{k} not finite", 0
+        total += ref.numel()
+        if not ref.numel():
+            continue
+        scale = max(1.0, float(ref.abs().max()))
+        diff = (got - ref).abs()
+        ratio = diff / (RTOL * ref.abs() + ATOL * scale)
+        off = (ratio > 1) & (diff <= cancelled_bound)
+        n_loose += int(off.sum())
+        loose.append((k, diff, ratio, off))
+    forgive = n_loose <= CANCELLED * total
+    for k, diff, ratio, off in loose:
+        r = ratio.masked_fill(off, 0.0) if forgive else ratio
+        m = float(r.max())
+        if m > worst:
+            d = diff.masked_fill(off, 0.0) if forgive else diff
+            worst, where = m, f"{k}: max |diff| {float(d.max()):.3g}"
+    return worst, where, n_loose if forgive else 0
 
 
 def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches: list, weights: torch.Tensor,
@@ -178,10 +199,13 @@ def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches:
                 td_ref = ref.learn(b, weights)
                 torch.manual_seed(seed + 1 + p)
                 td = kernel.learn(b, weights)
-                ratio, w = _largest_difference({"td": td}, {"td": td_ref})
+                ratio, w, _ = _largest_difference({"td": td}, {"td": td_ref})
                 if ratio > worst:
                     worst, where = ratio, f"phase {p + 1}, {w}"
-            ratio, w = _largest_difference(_tensors(twin.state_dict()), _tensors(ref.state_dict()))
+            # Adam moves a weight by about its learning rate per step at most: the cancelled gradients' bound
+            steps = len(batches) * int(weights.shape[0])
+            bound = 3.0 * steps * float(getattr(getattr(ref, "cfg", None), "lr", 0.0) or 0.0)
+            ratio, w, cancelled = _largest_difference(_tensors(twin.state_dict()), _tensors(ref.state_dict()), bound)
             if ratio > worst:
                 worst, where = ratio, w
             if twin.updates != ref.updates:
@@ -189,7 +213,7 @@ def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches:
         finally:
             kernel.close()
     detail = {"phases": len(batches), "steps": int(weights.shape[0]), "tolerance_used": round(worst, 4),
-              "worst": where}
+              "worst": where, "cancelled": cancelled}
     return worst <= 1.0, detail
 
 

@@ -1,6 +1,6 @@
 """CompiledKernel: an algorithm's learn as one numba call per phase, on its own parameters and optimizer state.
 
-It wraps a built-in algorithm from outside: the loss head for its class (dqn.py, actor_critic.py, sac.py)
+It wraps a built-in algorithm from outside: the loss head for its class (dqn.py, actor_critic.py, sac.py, crossq.py)
 compiles each of its networks into a program over the per-layer pieces (layers.py) and steps its optimizers
 with the one Adam (optim.py), on the GEMM bound for the process (sgemm.py). `check(algo)` says in one line why
 it does not take an algorithm (a layer without a piece, dueling heads, pixels, a GPU, float64, ...).
@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
 
 # the built-in algorithms' classes, by name, and their heads' modules
 HEADS = {"DQN": ("dqn", "DQNHead"), "DDPG": ("actor_critic", "ActorCriticHead"),
-         "TD3": ("actor_critic", "ActorCriticHead"), "SAC": ("sac", "SACHead")}
+         "TD3": ("actor_critic", "ActorCriticHead"), "SAC": ("sac", "SACHead"), "CrossQ": ("crossq", "CrossQHead")}
 
 
 def available() -> str | None:

@@ -1,22 +1,27 @@
 """Per-layer forward/backward pieces, and a network compiled once into a small integer program over them.
 
 A `torch.nn.Sequential` of Linear, LayerNorm, ReLU, Tanh and ELU layers (any depth and widths; nested
-Sequentials and Identity are taken too) becomes a `Program`: one row per op,
+Sequentials and Identity are taken too), or any ordered list of such layers and batch renormalisation
+(`compile_layers`), becomes a `Program`: one row per op,
 
-    [kind, in width, out width, weight offset, bias offset, activation]       (int64)
-    [LayerNorm eps, ELU alpha]                                                 (float32)
+    [kind, in width, out width, weight offset, bias offset, activation, state offset]      (int64)
+    [LayerNorm eps, ELU alpha]                                                              (float32)
 
 where kind is LINEAR or NORM (LayerNorm over the last dimension: biased variance, elementwise affine, torch's
-formulas) or ACT (an activation on its own), the offsets index the flat parameter buffer the parameters are
-views of (FlatAdam's, in torch's `parameters()` order; -1: none), and an activation that follows a Linear or
-a LayerNorm is fused into it (applied in the same pass as the bias). Generic loops interpret a program:
+formulas) or ACT (an activation on its own) or BRN (batch renormalisation over the rows, CrossQ's
+BatchRenorm), the offsets index the flat parameter buffer the parameters are views of (FlatAdam's, in torch's
+`parameters()` order; -1: none), and an activation that follows a Linear or a LayerNorm is fused into it
+(applied in the same pass as the bias). A BRN op's running statistics live in a float32 *state* array beside
+the parameters, at its state offset (see `brn_state`). Generic loops interpret a program:
 
-* `forward(ops, fc, flat, x, t)` runs it on the rows x, keeping in the tape `t` (carved by `tape`) what the
-  backward needs: each op's output (ReLU's and Tanh's derivatives are read from it), LayerNorm's normalised
-  input and 1/std per row, ELU's derivative;
-* `backward(ops, flat, grad, x, t, gs, g, params, input_grad)` takes the loss's gradient g with respect to
-  the output and writes the parameters' gradients into `grad` (same offsets as `flat`; overwritten, not
-  accumulated) and/or returns the gradient with respect to the input.
+* `forward_with(ops, fc, flat, x, t, state, train)` runs it on the rows x, keeping in the tape `t` (carved by
+  `tape`) what the backward needs: each op's output (ReLU's and Tanh's derivatives are read from it),
+  LayerNorm's normalised input and 1/std per row, ELU's derivative, BRN's normalised input; `train` makes its
+  BRN ops normalise by the batch's statistics (and update the running ones), else by the running ones;
+* `backward_with(ops, flat, grad, x, t, gs, g, params, input_grad, state, train)` takes the loss's gradient g
+  with respect to the output and writes the parameters' gradients into `grad` (same offsets as `flat`;
+  overwritten, not accumulated) and/or returns the gradient with respect to the input;
+* `forward` and `backward` are those two for programs without BRN ops.
 
 Matrix products go through `sgemm.dot` (the bound GEMM, one thread). Each piece is checked against autograd
 (tests/test_kernel_layers.py).
@@ -38,10 +43,20 @@ try:
 except ImportError:  # pragma: no cover - the kernel's check() reports it
     numba = None
 
-LINEAR, NORM, ACT = 0, 1, 2
+LINEAR, NORM, ACT, BRN = 0, 1, 2, 3
 NONE, RELU, TANH, ELU = 0, 1, 2, 3
 ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH, nn.ELU: ELU}
-COLS = 6   # kind, fi, fo, weight offset, bias offset, activation
+COLS = 7   # kind, fi, fo, weight offset, bias offset, activation, state offset
+
+# A BRN op's floats in the state array, from its state offset: a header [passes, warm-up passes, momentum,
+# r_max, d_max, eps, -, -], then running mean, running variance, and the last training pass's r, d and
+# 1 / sqrt(var_B + eps) (what its backward reads), F each. The pass count is a float32: exact to 2**24.
+BRN_HEAD = 8
+
+
+def brn_state(features: int) -> int:
+    """Floats of the state array one BRN op of `features` features takes."""
+    return BRN_HEAD + 5 * features
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,8 @@ class Program:
     def floats(self, rows: int, grads: bool = True) -> int:
         """Floats of workspace that `tape` (and, with grads, `grad_buffers`) carve for `rows` rows."""
         kind, fi, fo, act = self.ops[:, 0], self.ops[:, 1], self.ops[:, 2], self.ops[:, 5]
-        per_row = fo.sum() + np.where(kind == NORM, fo + 1, 0).sum() + np.where(act == ELU, fo, 0).sum()
+        per_row = (fo.sum() + np.where(kind == NORM, fo + 1, 0).sum() + np.where(kind == BRN, fo, 0).sum()
+                   + np.where(act == ELU, fo, 0).sum())
         if grads:
             per_row += np.where(kind == LINEAR, fi, 0).sum()
         return int(rows * per_row)
@@ -114,6 +130,14 @@ def compile_program(seq: nn.Module, offset: Callable[[torch.Tensor], int], what:
     if type(seq) is not nn.Sequential:
         raise Declined(f"{what} is a {type(seq).__name__}, not an nn.Sequential of layers the compiled kernel has "
                        "pieces for")
+    return compile_layers(_layers(seq), offset, what)
+
+
+def compile_layers(layers, offset: Callable[[torch.Tensor], int], what: str,
+                   state_of: Callable[[nn.Module], int] | None = None) -> Program:
+    """The ordered (name, module) `layers` of a network as a Program (see compile_program); a batch
+    renormalisation layer (CrossQ's BatchRenorm) takes its state offset from `state_of(module)` (None: declined,
+    the caller keeps no running statistics)."""
     rows: list[list[int]] = []
     consts: list[list[float]] = []
     width = None
@@ -129,14 +153,14 @@ def compile_program(seq: nn.Module, offset: Callable[[torch.Tensor], int], what:
         params.append((o, o + p.numel()))
         return o
 
-    for name, m in _layers(seq):
+    for name, m in layers:
         t = type(m)
         if t is nn.Identity:
             continue
         if t is nn.Linear:
             if width is not None and m.in_features != width:
                 raise Declined(f"{what}'s layer {name} takes {m.in_features} features but gets {width}")
-            rows.append([LINEAR, m.in_features, m.out_features, off(m.weight, name), off(m.bias, name), NONE])
+            rows.append([LINEAR, m.in_features, m.out_features, off(m.weight, name), off(m.bias, name), NONE, -1])
             consts.append([0.0, 1.0])
             width = m.out_features
         elif t is nn.LayerNorm:
@@ -145,18 +169,28 @@ def compile_program(seq: nn.Module, offset: Callable[[torch.Tensor], int], what:
                 raise Declined(f"{what}'s layer {name} is a LayerNorm over {shape}, which the compiled kernel takes "
                                "only over the last dimension of a layer's output")
             width = shape[0]
-            rows.append([NORM, width, width, off(m.weight, name), off(getattr(m, "bias", None), name), NONE])
+            rows.append([NORM, width, width, off(m.weight, name), off(getattr(m, "bias", None), name), NONE, -1])
             consts.append([float(m.eps), 1.0])
         elif t in ACTIVATIONS:
             act = ACTIVATIONS[t]
             alpha = float(m.alpha) if t is nn.ELU else 1.0
-            if rows and rows[-1][5] == NONE and rows[-1][0] != ACT:
+            if rows and rows[-1][5] == NONE and rows[-1][0] in (LINEAR, NORM):
                 rows[-1][5] = act
                 consts[-1][1] = alpha
             else:
                 w = -1 if width is None else width
-                rows.append([ACT, w, w, -1, -1, act])
+                rows.append([ACT, w, w, -1, -1, act, -1])
                 consts.append([0.0, alpha])
+        elif t.__name__ == "BatchRenorm" and t.__module__.startswith("hetrl."):
+            n = m.weight.numel()
+            if state_of is None:
+                raise Declined(f"{what}'s layer {name} is a batch renormalisation, whose running statistics only a "
+                               "loss head that keeps them can run")
+            if width is not None and n != width:
+                raise Declined(f"{what}'s layer {name} normalises {n} features but gets {width}")
+            width = n
+            rows.append([BRN, n, n, off(m.weight, name), off(m.bias, name), NONE, state_of(m)])
+            consts.append([float(m.eps), 1.0])
         else:
             raise Declined(f"{what}'s layer {name} is a{'n' if t.__name__[0] in 'AEIOU' else ''} {t.__name__}, "
                            "which the compiled kernel has no piece for")
@@ -195,13 +229,14 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _slot(ops, s):  # pragma: no cover - compiled
-        """Columns of tape slot s: 3 per op (its output; LayerNorm's x-hat and 1/std; ELU's derivative)."""
+        """Columns of tape slot s: 3 per op (its output; LayerNorm's x-hat and 1/std, BRN's x-hat; ELU's
+        derivative)."""
         i, part = s // 3, s % 3
         fo = ops[i, 2]
         if part == 0:
             return fo
         if part == 1:
-            return fo + 1 if ops[i, 0] == NORM else 0
+            return fo + 1 if ops[i, 0] == NORM else (fo if ops[i, 0] == BRN else 0)
         return fo if ops[i, 5] == ELU else 0
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -380,6 +415,99 @@ if numba is not None:
             for j in range(F):
                 g[i, j] = np.float32((g[i, j] - s1 - st[i, j] * s2) * r)
 
+
+    # -- batch renormalisation (CrossQ's BatchRenorm, hetrl/algos/crossq.py: the formulas are in its docstring) --
+    # (The row loops below read per-feature coefficients from arrays made here, not from the state or parameter
+    # buffers: LLVM vectorises a loop only where it can check that its arrays do not overlap, and gives up on
+    # more than a few; reading the buffers there made a pass over 512 x 256 five times slower.)
+    @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+    def _brn_fwd(x, out, xh, flat, wo, bo, state, so, train):  # pragma: no cover - compiled
+        """out = gamma (x-hat r + d) + beta over the rows of x; x-hat into xh. Training: x-hat by the batch's mean
+        and biased variance, r and d from the running statistics (1 and 0 for the warm-up passes), then the
+        running statistics lerped toward the batch's and the pass counted; r, d, 1/sigma_B kept for the backward.
+        Evaluation: x-hat by the running statistics, r = 1, d = 0."""
+        R, F = out.shape
+        w, b = flat[wo:wo + F], flat[bo:bo + F]
+        h = so + BRN_HEAD
+        rm, rv = state[h:h + F], state[h + F:h + 2 * F]
+        rr, dd, isb = state[h + 2 * F:h + 3 * F], state[h + 3 * F:h + 4 * F], state[h + 4 * F:h + 5 * F]
+        eps = state[so + 5]
+        mu, inv, scale, shift = (np.empty(F, np.float32), np.empty(F, np.float32), np.empty(F, np.float32),
+                                 np.empty(F, np.float32))
+        if not train:
+            for j in range(F):
+                mu[j] = rm[j]
+                inv[j] = np.float32(1.0) / np.sqrt(rv[j] + eps)
+                scale[j], shift[j] = w[j], b[j]
+        else:
+            mean, var = np.zeros(F), np.zeros(F)
+            for i in range(R):
+                for j in range(F):
+                    mean[j] += x[i, j]
+            for j in range(F):
+                mean[j] /= R
+            for i in range(R):
+                for j in range(F):
+                    e = x[i, j] - mean[j]
+                    var[j] += e * e
+            warm = state[so] >= state[so + 1]
+            mom = np.float32(1.0) - state[so + 2]
+            r_max, d_max = state[so + 3], state[so + 4]
+            for j in range(F):
+                m32, v32 = np.float32(mean[j]), np.float32(var[j] / R)
+                sigma = np.sqrt(rv[j] + eps)
+                if warm:
+                    rr[j] = min(max(np.sqrt(v32 + eps) / sigma, np.float32(1.0) / r_max), r_max)
+                    dd[j] = min(max((m32 - rm[j]) / sigma, -d_max), d_max)
+                else:
+                    rr[j], dd[j] = np.float32(1.0), np.float32(0.0)
+                isb[j] = np.float32(1.0) / np.sqrt(v32 + eps)
+                rm[j] += mom * (m32 - rm[j])      # lerp_(batch, 1 - momentum), as torch's (weight < 0.5)
+                rv[j] += mom * (v32 - rv[j])
+                mu[j], inv[j] = m32, isb[j]
+                scale[j], shift[j] = w[j] * rr[j], b[j] + w[j] * dd[j]
+            state[so] += 1
+        for i in range(R):
+            for j in range(F):
+                v = (x[i, j] - mu[j]) * inv[j]
+                xh[i, j] = v
+                out[i, j] = v * scale[j] + shift[j]
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+    def _brn_bwd(g, xh, flat, grad, wo, bo, params, state, so, train):  # pragma: no cover - compiled
+        """BRN's backward in place: g (the gradient w.r.t. its output) becomes the gradient w.r.t. its input (r, d
+        constants, as the eager loss treats them); with `params`, gamma's and beta's gradients into grad[wo:],
+        grad[bo:]. A training pass's backward reads the r, d, 1/sigma_B its forward kept: no other training pass
+        of the layer may come between the two."""
+        R, F = g.shape
+        w = flat[wo:wo + F]
+        h = so + BRN_HEAD
+        rr, dd, isb = state[h + 2 * F:h + 3 * F], state[h + 3 * F:h + 4 * F], state[h + 4 * F:h + 5 * F]
+        s1, s2, coef = np.zeros(F, np.float32), np.zeros(F, np.float32), np.empty(F, np.float32)
+        for i in range(R):
+            for j in range(F):
+                s1[j] += g[i, j]
+                s2[j] += g[i, j] * xh[i, j]
+        if params:
+            dw, db = grad[wo:wo + F], grad[bo:bo + F]
+            for j in range(F):
+                dw[j] = s2[j] * rr[j] + s1[j] * dd[j] if train else s2[j]
+                db[j] = s1[j]
+        if not train:   # (the running statistics have not moved since the forward: no pass between the two)
+            for j in range(F):
+                coef[j] = w[j] / np.sqrt(state[h + F + j] + state[so + 5])
+            for i in range(R):
+                for j in range(F):
+                    g[i, j] *= coef[j]
+            return
+        for j in range(F):   # dx = gamma r / sigma_B (dx-hat - mean(dx-hat) - x-hat mean(dx-hat x-hat))
+            s1[j] /= R
+            s2[j] /= R
+            coef[j] = w[j] * rr[j] * isb[j]
+        for i in range(R):
+            for j in range(F):
+                g[i, j] = coef[j] * (g[i, j] - s1[j] - xh[i, j] * s2[j])
+
     @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
     def _few_rows(x, w, out):  # pragma: no cover - compiled
         """out = x @ w.T for a few rows x (acting on a handful of envs): a dot product per output, in
@@ -395,9 +523,10 @@ if numba is not None:
     # (one loop each way, without a function per op: numba links every callee's code into each caller and
     # optimises it again there, so each level of calls costs compile time)
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def forward(ops, fc, flat, x, t):  # pragma: no cover - compiled
+    def forward_with(ops, fc, flat, x, t, state, train):  # pragma: no cover - compiled
         """Run the program on the rows x (R, n_in); every op's output in the tape t (tape(ws, pos, ops, R)),
-        the network's (returned) in t[3 * (n - 1)]."""
+        the network's (returned) in t[3 * (n - 1)]; BRN ops in training mode where `train` (their running
+        statistics in `state`)."""
         xin = x
         for i in range(ops.shape[0]):
             kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
@@ -410,6 +539,8 @@ if numba is not None:
                 _bias_act(out, flat, bo, act, fc[i, 1], t[3 * i + 2])
             elif kind == NORM:
                 _norm_fwd(xin, out, t[3 * i + 1], t[3 * i + 2], flat, wo, bo, fc[i, 0], act, fc[i, 1])
+            elif kind == BRN:
+                _brn_fwd(xin, out, t[3 * i + 1], flat, wo, bo, state, ops[i, 6], train)
             else:
                 out[:, :] = xin
                 _bias_act(out, flat, bo, act, fc[i, 1], t[3 * i + 2])
@@ -417,10 +548,16 @@ if numba is not None:
         return xin
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def backward(ops, flat, grad, x, t, gs, g, params, input_grad):  # pragma: no cover - compiled
-        """The backward of forward(ops, fc, flat, x, t) for a loss whose gradient w.r.t. the network's output is g
-        (a workspace matrix, overwritten): the parameters' gradients written into `grad` (same offsets as
-        `flat`) if `params`; returns the gradient w.r.t. the input x if `input_grad` (gs: grad_buffers)."""
+    def forward(ops, fc, flat, x, t):  # pragma: no cover - compiled
+        """forward_with for a program without BRN ops."""
+        return forward_with(ops, fc, flat, x, t, flat, False)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def backward_with(ops, flat, grad, x, t, gs, g, params, input_grad, state, train):  # pragma: no cover
+        """The backward of forward_with(ops, fc, flat, x, t, state, train) for a loss whose gradient w.r.t. the
+        network's output is g (a workspace matrix, overwritten): the parameters' gradients written into `grad`
+        (same offsets as `flat`) if `params`; returns the gradient w.r.t. the input x if `input_grad` (gs:
+        grad_buffers)."""
         zero = np.float32(0.0)
         for i in range(ops.shape[0] - 1, -1, -1):
             kind, fi, fo, wo, bo, act = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3], ops[i, 4], ops[i, 5]
@@ -436,11 +573,18 @@ if numba is not None:
                     gp = gs[i]
                     gemm(g, flat[wo:wo + fo * fi].reshape((fo, fi)), gp, zero)
                     g = gp
+            elif kind == BRN:
+                _brn_bwd(g, t[3 * i + 1], flat, grad, wo, bo, params, state, ops[i, 6], train)
             else:
                 _act_grad(g, y, d, act)
                 if kind == NORM:
                     _norm_bwd(g, t[3 * i + 1], flat, grad, wo, bo, params)
         return g
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def backward(ops, flat, grad, x, t, gs, g, params, input_grad):  # pragma: no cover - compiled
+        """backward_with for a program without BRN ops."""
+        return backward_with(ops, flat, grad, x, t, gs, g, params, input_grad, flat, False)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def run(ops, fc, flat, x, ws, out):  # pragma: no cover - compiled
@@ -449,14 +593,15 @@ if numba is not None:
         out[:, :] = forward(ops, fc, flat, x, tape(ws, pos, ops, x.shape[0]))
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def value_and_grads(ops, fc, flat, grad, x, g, ws, out, gin):  # pragma: no cover - compiled
+    def value_and_grads(ops, fc, flat, grad, x, g, ws, out, gin, state, train):  # pragma: no cover - compiled
         """out = the program's output on x; for the loss sum(out * g): the parameters' gradients into grad and the
-        input's into gin (one forward and one backward, as the heads run them)."""
+        input's into gin (one forward and one backward, as the heads run them; BRN ops' statistics in `state`,
+        in training mode where `train`)."""
         R = x.shape[0]
         pos = np.zeros(1, np.int64)
         t = tape(ws, pos, ops, R)
         gs = grad_buffers(ws, pos, ops, R)
         gg = mat(ws, pos, R, g.shape[1])
         gg[:, :] = g
-        out[:, :] = forward(ops, fc, flat, x, t)
-        gin[:, :] = backward(ops, flat, grad, x, t, gs, gg, True, True)
+        out[:, :] = forward_with(ops, fc, flat, x, t, state, train)
+        gin[:, :] = backward_with(ops, flat, grad, x, t, gs, gg, True, True, state, train)

@@ -42,6 +42,7 @@ try:
     from hetrl.kernels.compiled.layers import (
         backward,
         forward,
+        forward_with,
         gemm,
         grad_buffers,
         mat,
@@ -159,11 +160,12 @@ class SACHead(Head):
 
 if numba is not None:
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _squashed(ops, fc, heads, actor, x, t, e, mean, lsr, u, a, logp):  # pragma: no cover - compiled
-        """The actor on x: its body (program ops), the mean and raw log_std heads, u = mean + exp(clamp(log_std)) e,
-        a = tanh(u), log pi(a|s) with the stable tanh correction (GaussianActor.sample)."""
+    def _squashed(ops, fc, heads, actor, x, t, e, mean, lsr, u, a, logp, state, train):  # pragma: no cover
+        """The actor on x: its body (program ops; BRN statistics in `state`, training mode where `train`), the mean
+        and raw log_std heads, u = mean + exp(clamp(log_std)) e, a = tanh(u), log pi(a|s) with the stable tanh
+        correction (GaussianActor.sample; CrossQ's Actor.sample)."""
         B, A = mean.shape
-        h = forward(ops, fc, actor, x, t)
+        h = forward_with(ops, fc, actor, x, t, state, train)
         H = h.shape[1]
         mw, mb, lw, lb = heads[0], heads[1], heads[2], heads[3]
         gemm(h, actor[mw:mw + A * H].reshape((A, H)).T, mean, np.float32(0.0))
@@ -213,8 +215,9 @@ if numba is not None:
                                                                                              do, A)
         Bf = np.float32(B)
         xo, xn = obs[k, lo:hi], next_obs[k, lo:hi]
-        _squashed(aops, afc, heads, actor, xo, ta, eps_pi[k, lo:hi], mean, lsr, u, a, logp[lo:hi])
-        _squashed(aops, afc, heads, actor, xn, tn, eps_next[k, lo:hi], nmean, nlsr, nu, na, nlogp[lo:hi])
+        _squashed(aops, afc, heads, actor, xo, ta, eps_pi[k, lo:hi], mean, lsr, u, a, logp[lo:hi], actor, False)
+        _squashed(aops, afc, heads, actor, xn, tn, eps_next[k, lo:hi], nmean, nlsr, nu, na, nlogp[lo:hi], actor,
+                  False)
         cat(xn, na, x)
         for cc in range(2):
             q = forward(cops[cc], cfc, critic_t, x, tc0)
@@ -260,15 +263,25 @@ if numba is not None:
             for i in range(R):
                 for j in range(A):
                     ga_[i, j] += gin[i, do + j]
+        _heads_grad(ga_, a, lsr, eps_pi[k, lo:hi], alpha / Bf, ta[3 * aops.shape[0] - 3], heads, actor, agrad, dmean,
+                    dls, dh)
+        backward(aops, actor, agrad, xo, ta, ga, dh, True, False)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _heads_grad(ga_, a, lsr, e, alpha_n, h, heads, actor, agrad, dmean, dls, dh):  # pragma: no cover - compiled
+        """The actor loss's gradient through the squashed Gaussian and its two Linear heads: ga_ the loss's gradient
+        w.r.t. the actions a = tanh(u), alpha_n the entropy term's weight per row (alpha / B); the heads' gradients
+        into agrad, the body's output's into dh."""
+        R, A = a.shape
+        one = np.float32(1.0)
         for i in range(R):
             for j in range(A):
                 # d/du: through a = tanh(u) and the log-prob's correction (d log pi / du = 2 tanh(u))
-                du = ga_[i, j] * (one - a[i, j] * a[i, j]) + alpha / Bf * np.float32(2.0) * a[i, j]
+                du = ga_[i, j] * (one - a[i, j] * a[i, j]) + alpha_n * np.float32(2.0) * a[i, j]
                 dmean[i, j] = du
                 r = lsr[i, j]
                 inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
-                dls[i, j] = (du * np.exp(r) * eps_pi[k, lo + i, j] - alpha / Bf) if inside else np.float32(0.0)
-        h = ta[3 * aops.shape[0] - 3]
+                dls[i, j] = (du * np.exp(r) * e[i, j] - alpha_n) if inside else np.float32(0.0)
         H = h.shape[1]
         mw, mb, lw, lb = heads[0], heads[1], heads[2], heads[3]
         zero = np.float32(0.0)
@@ -283,7 +296,6 @@ if numba is not None:
             agrad[lb + j] = sl
         gemm(dmean, actor[mw:mw + A * H].reshape((A, H)), dh, zero)
         gemm(dls, actor[lw:lw + A * H].reshape((A, H)), dh, one)
-        backward(aops, actor, agrad, xo, ta, ga, dh, True, False)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def phase(obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads, cops, cfc,
