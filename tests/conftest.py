@@ -10,7 +10,7 @@ torch.set_num_threads(1)
 os.environ.setdefault("HETRL_TEST", "1")
 
 # The compiled learner kernel's heads and acting, compiled into numba's on-disk cache before any test runs (a minute
-# or more per head on a cold cache, e.g. a fresh clone), in two processes side by side: otherwise every test process
+# or more per head on a cold cache, e.g. a fresh clone), in three processes side by side: otherwise every test process
 # that meets a head first (test workers, local actors, Ray workers) compiles it at the same time.
 WARM = """
 import sys
@@ -33,7 +33,7 @@ def pytest_configure(config):
     if hasattr(config, "workerinput") or os.environ.get("HETRL_TEST_NO_WARM"):   # the controlling process only
         return
     procs = [subprocess.Popen([sys.executable, "-c", WARM, *names], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for names in (("ddpg", "td3", "crossq"), ("dqn", "sac"))]
+                              stderr=subprocess.DEVNULL) for names in (("ddpg", "td3"), ("dqn", "sac"), ("crossq",))]
     for p in procs:   # a failure here shows again, with its message, in the tests of the kernel
         try:
             p.wait(timeout=600)

@@ -24,23 +24,35 @@ from torch import nn
 from torch.nn import functional as F
 
 from hetrl.kernels.compiled.head import (
+    Alpha,
     Declined,
     Head,
     covers,
     discount_of,
     f32,
     f32kb,
+    gaussian_heads,
     optimizer,
     vector_obs,
 )
-from hetrl.kernels.compiled.layers import BRN_HEAD, brn_state, compile_layers, param_offsets
-from hetrl.kernels.compiled.optim import AdamViews
+from hetrl.kernels.compiled.layers import (
+    BRN_HEAD,
+    brn_state,
+    compile_layers,
+    param_offsets,
+)
 
 try:
     import numba
 
     from hetrl.kernels.compiled.head import cat
-    from hetrl.kernels.compiled.layers import backward_with, forward_with, grad_buffers, mat, tape
+    from hetrl.kernels.compiled.layers import (
+        backward_with,
+        forward_with,
+        grad_buffers,
+        mat,
+        tape,
+    )
     from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam
     from hetrl.kernels.compiled.sac import _heads_grad, _squashed
 except ImportError:  # pragma: no cover
@@ -117,18 +129,7 @@ class CrossQHead(Head):
         actor = algo.actor
         body = compile_layers(body_layers(actor.body, "body."), param_offsets(aopt.flat), "the actor's body",
                               astates.offset)
-        off = param_offsets(aopt.flat)
-        heads = []
-        for name in ("mean", "log_std"):
-            m = getattr(actor, name, None)
-            if (type(m) is not nn.Linear or m.bias is None or m.in_features != body.n_out
-                    or m.out_features != algo.act_dim):
-                raise Declined(f"the actor's {name} head is a {type(m).__name__}, not a Linear layer with a bias from "
-                               "its body's output to the action")
-            try:
-                heads += [off(m.weight), off(m.bias)]
-            except Declined as e:
-                raise Declined(f"the actor's {name} head: its parameter {e}") from None
+        heads = gaussian_heads(actor, body, aopt.flat, algo.act_dim)
         if len(algo.critics) != 2:
             raise Declined(f"the algorithm has {len(algo.critics)} critics; the CrossQ head takes two")
         cprogs = [compile_layers([*body_layers(c.body, "body."), ("q", c.q)], param_offsets(copt.flat),
@@ -139,11 +140,8 @@ class CrossQHead(Head):
         covers(copt, sum(p.count for p in cprogs), "the critic")
         if cprogs[0].n_out != 1 or cprogs[0].n_in != body.n_in + algo.act_dim:
             raise Declined("the critics' widths do not fit the observation and action sizes")
-        if algo.alpha_opt is not None:
-            why = AdamViews.check(algo.alpha_opt)
-            if why:
-                raise Declined(f"the entropy coefficient's optimizer is {why}")
-        return {"body": body, "heads": np.array(heads, np.int64), "critics": cprogs, "actor_opt": aopt,
+        Alpha.check(algo)
+        return {"body": body, "heads": heads, "critics": cprogs, "actor_opt": aopt,
                 "critic_opt": copt, "actor_states": astates, "critic_states": cstates}
 
     def __init__(self, algo, **options):
@@ -154,9 +152,7 @@ class CrossQHead(Head):
         self.astates, self.cstates = p["actor_states"], p["critic_states"]
         self.astate, self.cstate = self.astates.array(), self.cstates.array()
         self.cops = np.ascontiguousarray(np.stack([c.ops for c in self.critics]))
-        self.galpha = torch.zeros(1)
-        self.alpha = (AdamViews(algo.alpha_opt, algo.log_alpha, algo.log_alpha, self.galpha)
-                      if algo.alpha_opt is not None else None)
+        self.alpha = Alpha(algo)
 
     def _sizes(self, B: int, nl: int) -> tuple[int, int, int]:
         """Floats of the workspaces: a lane's of the next actions, the actor step's, a critic's."""
@@ -169,14 +165,10 @@ class CrossQHead(Head):
         (af, ag, am, av, ast), (alr, b1, b2, eps) = self.aopt.get()
         (cf, cg, cm, cv, cst), (clr, *_) = self.copt.get()
         algo = self.algo
-        if self.alpha is not None:   # log_alpha's own Adam (torch.optim.Adam's state)
-            (la, _, lm, lv, lst), (al_lr, al_b1, al_b2, al_eps) = self.alpha.get()
-        else:   # a fixed coefficient: the kernel never reads these
-            la, (lm, lv, lst) = algo.log_alpha.detach().view(1).numpy(), np.zeros((3, 1), np.float32)
-            al_lr = al_b1 = al_b2 = al_eps = 0.0
+        al, (al_lr, al_b1, al_b2, al_eps) = self.alpha.get()
         hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(algo.target_entropy),
                        al_lr, al_b1, al_b2, al_eps], np.float64)
-        return [af, ag, am, av, ast], [cf, cg, cm, cv, cst], [la, self.galpha.numpy(), lm, lv, lst], hp
+        return [af, ag, am, av, ast], [cf, cg, cm, cv, cst], al, hp
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
         algo, b = self.algo, batches
@@ -200,7 +192,7 @@ class CrossQHead(Head):
                 f32(b["obs"], K, B), f32(b["action"], K, B), f32kb(b["reward"]), f32(b["next_obs"], K, B),
                 discount_of(b, algo.cfg.gamma), f32kb(weights), eps_pi.numpy(), eps_next.numpy(), self.body.ops,
                 self.body.fc, self.heads, self.cops, self.critics[0].fc, *a, self.astate, *c, self.cstate, *al,
-                self.alpha is not None, hp, int(algo.updates), delay, nws, aws, cws, td))
+                self.alpha.learned, hp, int(algo.updates), delay, nws, aws, cws, td))
         self.astates.store(self.astate)
         self.cstates.store(self.cstate)
         return torch.from_numpy(td)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 from hetrl.kernels.compiled.layers import (
     Declined,
@@ -99,6 +100,54 @@ def same_layout(a: Program, b: Program, what: str) -> None:
     """b must be a's network at the same offsets (a target network in its own flat buffer)."""
     if a.ops.shape != b.ops.shape or not (a.ops == b.ops).all() or not (a.fc == b.fc).all():
         raise Declined(f"{what} is not laid out as its online network in its flat buffer")
+
+
+def gaussian_heads(actor, body: Program, flat: torch.Tensor, act_dim: int) -> np.ndarray:
+    """The offsets [mean weight, mean bias, log_std weight, log_std bias] in `flat` of a squashed-Gaussian actor's
+    two Linear heads on its body's output (SAC's and CrossQ's actors; raises Declined)."""
+    off = param_offsets(flat)
+    heads = []
+    for name in ("mean", "log_std"):
+        m = getattr(actor, name, None)
+        if type(m) is not nn.Linear or m.bias is None or m.in_features != body.n_out or m.out_features != act_dim:
+            raise Declined(f"the actor's {name} head is a {type(m).__name__}, not a Linear layer with a bias from its "
+                           "body's output to the action")
+        try:
+            heads += [off(m.weight), off(m.bias)]
+        except Declined as e:
+            raise Declined(f"the actor's {name} head: its parameter {e}") from None
+    return np.array(heads, np.int64)
+
+
+class Alpha:
+    """An entropy coefficient log_alpha and, where it is learned, its own torch Adam, as a phase steps them (SAC's
+    and CrossQ's)."""
+
+    def __init__(self, algo):
+        self.algo, self.grad = algo, torch.zeros(1)
+        self.views = (AdamViews(algo.alpha_opt, algo.log_alpha, algo.log_alpha, self.grad)
+                      if algo.alpha_opt is not None else None)
+
+    @staticmethod
+    def check(algo) -> None:
+        if algo.alpha_opt is not None:
+            why = AdamViews.check(algo.alpha_opt)
+            if why:
+                raise Declined(f"the entropy coefficient's optimizer is {why}")
+
+    @property
+    def learned(self) -> bool:
+        return self.views is not None
+
+    def get(self) -> tuple[list[np.ndarray], list[float]]:
+        """[log_alpha, its gradient, exp_avg, exp_avg_sq, step] and [lr, beta1, beta2, eps] (zeros for a fixed
+        coefficient: the phase never reads them)."""
+        if self.views is not None:
+            (la, _, lm, lv, lst), hp = self.views.get()
+        else:
+            la, hp = self.algo.log_alpha.detach().view(1).numpy(), [0.0] * 4
+            lm, lv, lst = np.zeros((3, 1), np.float32)
+        return [la, self.grad.numpy(), lm, lv, lst], hp
 
 
 def vector_obs(algo) -> None:

@@ -17,23 +17,22 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN
 from hetrl.kernels.compiled.head import (
+    Alpha,
     Declined,
     Head,
     covers,
     discount_of,
     f32,
     f32kb,
+    gaussian_heads,
     optimizer,
     program,
     same_layout,
     vector_obs,
 )
-from hetrl.kernels.compiled.layers import param_offsets
-from hetrl.kernels.compiled.optim import AdamViews
 
 try:
     import numba
@@ -63,18 +62,7 @@ class SACHead(Head):
         aopt, copt = optimizer(algo.actor_opt, "the actor"), optimizer(algo.critic_opt, "the critic")
         actor = algo.actor
         body = program(actor.body, aopt.flat, "the actor's body")
-        off = param_offsets(aopt.flat)
-        heads = []
-        for name in ("mean", "log_std"):
-            m = getattr(actor, name, None)
-            if (type(m) is not nn.Linear or m.bias is None or m.in_features != body.n_out
-                    or m.out_features != algo.act_dim):
-                raise Declined(f"the actor's {name} head is a {type(m).__name__}, not a Linear layer with a bias from its "
-                               "body's output to the action")
-            try:
-                heads += [off(m.weight), off(m.bias)]
-            except Declined as e:
-                raise Declined(f"the actor's {name} head: its parameter {e}") from None
+        heads = gaussian_heads(actor, body, aopt.flat, algo.act_dim)
         names = ["critic 1", "critic 2"]
         if len(algo.critics) != 2:
             raise Declined(f"the algorithm has {len(algo.critics)} critics; the SAC head takes two")
@@ -88,11 +76,8 @@ class SACHead(Head):
         covers(copt, sum(p.count for p in cprogs), "the critic")
         if cprogs[0].n_out != 1 or cprogs[0].n_in != body.n_in + algo.act_dim:
             raise Declined("the critics' widths do not fit the observation and action sizes")
-        if algo.alpha_opt is not None:
-            why = AdamViews.check(algo.alpha_opt)
-            if why:
-                raise Declined(f"the entropy coefficient's optimizer is {why}")
-        return {"body": body, "heads": np.array(heads, np.int64), "critics": cprogs, "actor_opt": aopt,
+        Alpha.check(algo)
+        return {"body": body, "heads": heads, "critics": cprogs, "actor_opt": aopt,
                 "critic_opt": copt}
 
     def __init__(self, algo, **options):
@@ -101,9 +86,7 @@ class SACHead(Head):
         self.body, self.heads, self.critics = p["body"], p["heads"], p["critics"]
         self.aopt, self.copt = p["actor_opt"], p["critic_opt"]
         self.cops = np.ascontiguousarray(np.stack([c.ops for c in self.critics]))
-        self.galpha = torch.zeros(1)
-        self.alpha = (AdamViews(algo.alpha_opt, algo.log_alpha, algo.log_alpha, self.galpha)
-                      if algo.alpha_opt is not None else None)
+        self.alpha = Alpha(algo)
 
     def _need(self, rows: int) -> int:
         """Floats of a lane's workspace for `rows` rows (what _carve carves)."""
@@ -116,14 +99,10 @@ class SACHead(Head):
         (af, ag, am, av, ast), (alr, b1, b2, eps) = self.aopt.get()
         (cf, cg, cm, cv, cst), (clr, *_) = self.copt.get()
         algo = self.algo
-        if self.alpha is not None:   # log_alpha's own Adam (torch.optim.Adam's state)
-            (la, _, lm, lv, lst), (al_lr, al_b1, al_b2, al_eps) = self.alpha.get()
-        else:   # a fixed coefficient: the kernel never reads these
-            la, (lm, lv, lst) = algo.log_alpha.detach().view(1).numpy(), np.zeros((3, 1), np.float32)
-            al_lr = al_b1 = al_b2 = al_eps = 0.0
+        al, (al_lr, al_b1, al_b2, al_eps) = self.alpha.get()
         hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(algo.cfg.tau),
                        float(algo.target_entropy), al_lr, al_b1, al_b2, al_eps], np.float64)
-        return [af, ag, am, av, ast], [cf, cg, cm, cv, cst], [la, self.galpha.numpy(), lm, lv, lst], hp
+        return [af, ag, am, av, ast], [cf, cg, cm, cv, cst], al, hp
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
         algo, b = self.algo, batches
@@ -142,7 +121,7 @@ class SACHead(Head):
             phase(f32(b["obs"], K, B), f32(b["action"], K, B), f32kb(b["reward"]), f32(b["next_obs"], K, B),
                   discount_of(b, algo.cfg.gamma), f32kb(weights), np.ascontiguousarray(noise[:, 0].numpy()),
                   np.ascontiguousarray(noise[:, 1].numpy()), self.body.ops, self.body.fc, self.heads, self.cops,
-                  self.critics[0].fc, *a, *c, algo.critic_target_flat.numpy(), *al, self.alpha is not None, hp, ws,
+                  self.critics[0].fc, *a, *c, algo.critic_target_flat.numpy(), *al, self.alpha.learned, hp, ws,
                   lane_ag, lane_cg, rb, td)
         algo.updates += K
         return torch.from_numpy(td)
