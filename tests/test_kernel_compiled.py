@@ -84,30 +84,36 @@ def _same_state(a, b, rtol=1e-4):
     """Parameters, targets, Adam moments and step, the update count (and SAC's log_alpha and its Adam). The
     parameters' tolerance is a twentieth of one Adam step (lr): where a weight's gradient nearly cancels (~1e-8
     against a scale of ~0.3), the two kernels' different order of float additions leaves it a different relative
-    rounding error of a few percent, and Adam's normalised step g / (|g| + eps) carries that into the weight."""
+    rounding error of a few percent, and Adam's normalised step g / (|g| + eps) carries that into the weight.
+    Batch normalisation makes such weights structural (a bias before it, over a batch where its unit is linear,
+    is taken out by it): one in a thousand elements of the whole state may be off, within Adam's bound."""
     atol = 0.05 * a.cfg.lr
     sa, sb = a.state_dict(), b.state_dict()
     assert sa["updates"] == sb["updates"] == a.updates
+    off = total = 0
     for key in sa:
         if isinstance(sa[key], torch.Tensor):   # SAC's log_alpha
             torch.testing.assert_close(sa[key], sb[key], rtol=rtol, atol=atol)
         elif isinstance(sa[key], dict) and "state" in sa[key]:   # an optimizer's state
             for (ka, oa), (kb, ob) in zip(sa[key]["state"].items(), sb[key]["state"].items()):
                 assert float(oa["step"]) == float(ob["step"])
-                _close_but_for_cancelled(oa["exp_avg"], ob["exp_avg"], 10 * rtol, 1e-7, 1e-5)
-                _close_but_for_cancelled(oa["exp_avg_sq"], ob["exp_avg_sq"], 10 * rtol, 1e-9, 1e-7)
+                for n in _close_but_for_cancelled(oa["exp_avg"], ob["exp_avg"], 10 * rtol, 1e-7, 1e-5), \
+                        _close_but_for_cancelled(oa["exp_avg_sq"], ob["exp_avg_sq"], 10 * rtol, 1e-9, 1e-7):
+                    off, total = off + n[0], total + n[1]
         elif isinstance(sa[key], dict):   # a network's state dict
             for k in sa[key]:
-                _close_but_for_cancelled(sa[key][k], sb[key][k], rtol, atol, 3 * a.updates * a.cfg.lr)
+                n = _close_but_for_cancelled(sa[key][k], sb[key][k], rtol, atol, 3 * a.updates * a.cfg.lr)
+                off, total = off + n[0], total + n[1]
+    assert off <= 1e-3 * total, f"{off} of {total} elements beyond tolerance"
 
 
 def _close_but_for_cancelled(got, want, rtol, atol, bound):
-    """Every element within tolerance but for one in a thousand at most (weights whose gradient cancelled, see
-    above), and those within `bound` (for a weight: Adam moves it ~lr per update at most, so 3 x updates x lr)."""
+    """(elements beyond tolerance, elements): those beyond it must be within `bound` (for a weight: Adam moves it
+    ~lr per update at most, so 3 x updates x lr); _same_state bounds how many there are."""
     diff, tight = (got - want).abs(), atol + rtol * want.abs()
     off = diff > tight
-    assert off.float().mean().item() <= 1e-3, f"{int(off.sum())} of {off.numel()} elements beyond tolerance"
     assert bool((diff[off] <= bound).all()), f"an element differs by {diff.max().item():.3g} > {bound:.3g}"
+    return int(off.sum()), off.numel()
 
 
 # net_arch x activation x layer_norm x threads, parametrised so the file stays fast: every small case on several
