@@ -194,9 +194,10 @@ class Run:
                         with core.clock_paused():
                             self.evaluate_now(logger)
                     logger.episodes(eps)
-                    f = s.figures()
-                    logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
-                                  len(logger.returns))
+                    if logger.due(s.c.env_steps):
+                        f = s.figures()
+                        logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
+                                      len(logger.returns))
                     if _hook(callback, "phase", self, eps) is False:
                         self.interrupted = "callback"
                         break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import time
 from collections import deque
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import numpy as np
 
 
 class Logger:
+    REDRAW_S = 0.1   # the progress bar's update interval (rich redraws at 10 Hz)
+
     def __init__(self, out: Path | None, total_steps: int, interval: int, progress: bool = True,
                  start_step: int = 0):
         self.out, self.interval, self.total = out, interval, total_steps
@@ -39,6 +42,15 @@ class Logger:
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, stats="")
             self._progress.start()
         self._plain = progress and self._progress is None
+        self._redraw_at = 0.0
+
+    def due(self, env_steps: int) -> bool:
+        """Whether update() at env_steps would show or write anything: a row every `interval` env steps and at
+        the end, or a progress bar last updated REDRAW_S ago. Callers gather the figures for update() only then:
+        gathered after every phase of one env step (train_freq 1), they cost more than the env step itself."""
+        if env_steps >= self._next_log or env_steps >= self.total:
+            return True
+        return self._progress is not None and time.perf_counter() >= self._redraw_at
 
     @property
     def recent_return(self) -> float:
@@ -51,6 +63,7 @@ class Logger:
         stats = f"{env_sps:,.0f} env steps/s  {train_sps:,.0f} samples/s  return {self.recent_return:.1f}"
         if self._progress is not None:
             self._progress.update(self._task, completed=env_steps, stats=stats)
+            self._redraw_at = time.perf_counter() + self.REDRAW_S
         if env_steps < self._next_log and env_steps < self.total:
             return
         self._next_log = env_steps + self.interval

@@ -202,9 +202,10 @@ class PopulationRun:
                                 r.evaluate_now()
                     for m_eps in eps:
                         logger.episodes(m_eps)
-                    f = self.figures()
-                    logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
-                                  len(logger.returns))
+                    if logger.due(pop.c.env_steps):
+                        f = self.figures()
+                        logger.update(f["env_steps"], f["wall_s"], f["env_steps_per_s"], f["train_samples_per_s"],
+                                      len(logger.returns))
                     if _hook(callback, "phase", self, eps) is False:
                         self.interrupted = "callback"
                         break

@@ -49,6 +49,22 @@ def test_result_json_and_checkpoint(tiny, tmp_path):
     assert pol.act(obs[0]).shape == ()
 
 
+def test_progress_rows_and_figures_only_when_a_row_is_due(tiny, tmp_path, monkeypatch):
+    """A phase of one env step (train_freq 1) gathers the run's figures only where the logger writes a row (every
+    log_interval env steps and at the end), not after every phase."""
+    from hetrl.runtime.core import Schedule
+
+    calls = []
+    figures = Schedule.figures
+    monkeypatch.setattr(Schedule, "figures", lambda self: calls.append(self.c.env_steps) or figures(self))
+    out = tmp_path / "run"
+    hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False,
+                **{**tiny, "num_envs": 1, "train_freq": 1, "gradient_steps": 1, "log_interval": 100})
+    rows = (out / "progress.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == [100, 200, 300, 400, 500, 600]
+    assert calls[:6] == [100, 200, 300, 400, 500, 600]   # (then result.json's)
+
+
 def test_resume_continues_counters_optimizer_and_replay(tiny, tmp_path):
     out = tmp_path / "run"
     hetrl.train("dqn", "CartPole-v1", plan="none", out=out, progress=False, save_replay=True, **tiny)

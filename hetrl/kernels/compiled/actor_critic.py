@@ -103,8 +103,8 @@ class ActorCriticHead(Head):
     def _hp(self):
         (af, ag, am, av, ast), (alr, b1, b2, eps) = self.aopt.get()
         (cf, cg, cm, cv, cst), (clr, *_) = self.copt.get()
-        hp = np.array([alr, clr, b1, b2, eps, float(self.algo.critic_opt.max_grad_norm), float(self.algo.cfg.tau)],
-                      np.float64)
+        hp = self.consts("hp", (alr, clr, b1, b2, eps, float(self.algo.critic_opt.max_grad_norm),
+                                float(self.algo.cfg.tau)))
         return (af, ag, am, av, ast), (cf, cg, cm, cv, cst), hp
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
@@ -114,7 +114,7 @@ class ActorCriticHead(Head):
         if self.td3:   # standard normals, scaled and clipped in the kernel (_smoothed), drawn as the eager loss does
             g = getattr(algo, "rng", None)   # the algorithm's generator, drawn from in learn's order
             noise = torch.stack([torch.randn(B, A, generator=g) for _ in range(K)])
-            smooth = np.array([cfg.target_policy_noise, cfg.target_noise_clip], np.float32)
+            smooth = self.consts("smooth", (cfg.target_policy_noise, cfg.target_noise_clip), np.float32)
             delay = int(cfg.policy_delay)
         else:
             noise, smooth, delay = torch.zeros(K, B, A), np.zeros(2, np.float32), 1

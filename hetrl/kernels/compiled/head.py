@@ -38,6 +38,7 @@ class Head:
         self.algo = algo
         self.options = options
         self._buffers: dict = {}
+        self._consts: dict[str, tuple] = {}
         self.lane_split: str | None = None
 
     @classmethod
@@ -67,6 +68,14 @@ class Head:
         got = self._buffers.get("lanes")
         if got is None or got[0] != key:
             got = self._buffers["lanes"] = (key, make())
+        return got[1]
+
+    def consts(self, name: str, values: tuple, dtype=np.float64) -> np.ndarray:
+        """`values` (hyper-parameters) as the array a phase reads, made again only when one of them changed (a
+        learning-rate schedule): a small array made per phase of one step is one more op run with cold caches."""
+        got = self._consts.get(name)
+        if got is None or got[0] != values:
+            got = self._consts[name] = (values, np.array(values, dtype))
         return got[1]
 
 

@@ -100,8 +100,8 @@ class SACHead(Head):
         (cf, cg, cm, cv, cst), (clr, *_) = self.copt.get()
         algo = self.algo
         al, (al_lr, al_b1, al_b2, al_eps) = self.alpha.get()
-        hp = np.array([alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(algo.cfg.tau),
-                       float(algo.target_entropy), al_lr, al_b1, al_b2, al_eps], np.float64)
+        hp = self.consts("hp", (alr, clr, b1, b2, eps, float(algo.critic_opt.max_grad_norm), float(algo.cfg.tau),
+                                float(algo.target_entropy), al_lr, al_b1, al_b2, al_eps))
         return [af, ag, am, av, ast], [cf, cg, cm, cv, cst], al, hp
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
