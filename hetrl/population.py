@@ -142,11 +142,14 @@ class PopulationRun:
     policy), saves every member's run directory and the population's result and report on every way out."""
 
     def __init__(self, members: list[Member], env, out: Path, save_replay: bool = False,
-                 plan_info: dict | None = None, lanes: int = 0, spec: dict | None = None):
+                 plan_info: dict | None = None, lanes: int = 0, spec: dict | None = None, group: int | None = None):
         from hetrl.api import Run
         from hetrl.runtime.population import PopulationSchedule
 
         self.members, self.env, self.out = members, env, Path(out)
+        # group g of a population trained in groups: it writes its members' directories and its own progress
+        # (OUT/groups/g/); the population's files (population.json, result.json, the report) are its driver's
+        self.group = group
         self.plan_info = dict(plan_info or {})
         self.spec = dict(spec or {})
         self.schedule = PopulationSchedule([m.cfg for m in members], env, lanes)
@@ -182,7 +185,8 @@ class PopulationRun:
         from hetrl.logger import Logger
 
         pop, cfg = self.schedule, self.cfg
-        logger = Logger(self.out, cfg.steps, cfg.log_interval, progress, start_step=pop.c.env_steps)
+        logger = Logger(self.out if self.group is None else self.out / "groups" / str(self.group), cfg.steps,
+                        cfg.log_interval, progress, start_step=pop.c.env_steps)
         for r in self.runs:
             r.evaluations.start(pop.c.env_steps)
         pop.start_clock()
@@ -211,7 +215,7 @@ class PopulationRun:
                         break
             self.interrupted = stop.signal or self.interrupted
             _hook(callback, "training_end", self)
-            self.save()
+            self.save(finished=True)
         except BaseException as e:  # keep every member's work, then re-raise
             self.interrupted = "SIGINT" if isinstance(e, KeyboardInterrupt) else f"error: {type(e).__name__}: {e}"
             if pop.c.env_steps and getattr(e, "learner_ok", True):
@@ -245,12 +249,17 @@ class PopulationRun:
                 "lanes": self.schedule.lanes, "parallel_lanes": self.schedule.parallel,
                 "learner_kernel": member.get("learner_kernel"), "peak_rss_mb": member.get("peak_rss_mb")}
 
-    def save(self) -> Path:
-        """Every member's run directory, then the population's result.json (with the report) and curves.png."""
+    def save(self, finished: bool = False) -> Path:
+        """Every member's run directory, then the population's result.json (with the report) and curves.png.
+        `finished`: training is over, so the members' replays are let go once saved, before the report loads the
+        libraries it draws and bootstraps with."""
         for r in self.runs:
             r.save(r.out)
-        self.result = write_population(self.out, self.members, self.spec, self.figures(), self.plan_info,
-                                       self.interrupted)
+        if finished:
+            self.schedule.drop_replays()
+        if self.group is None:
+            self.result = write_population(self.out, self.members, self.spec, self.figures(), self.plan_info,
+                                           self.interrupted)
         return self.out
 
 
@@ -259,12 +268,8 @@ def write_population(out: Path, members: list[Member], spec: dict, figures: dict
     """OUT/population.json (what --resume rebuilds the members from) and OUT/result.json (figures + report)."""
     from hetrl.checkpoint import write_json
 
-    out.mkdir(parents=True, exist_ok=True)
     base = members[0].cfg
-    pop = {"seeds": spec.get("seeds", sorted({m.seed for m in members})), "sweep": spec.get("sweep", {}),
-           "members": [m.to_json() for m in members], "groups": spec.get("groups")}
-    write_json({"format": FORMAT, "algo": base.algo, "env": base.env, "population": pop,
-                "schedule": base.schedule}, out / POPULATION_FILE)
+    pop = write_members(out, members, spec)
     result = {"algo": base.algo, "env": base.env, "population": pop, **figures, "interrupted": interrupted,
               **(plan_info or {}), "config": {k: v for k, v in base.to_dict().items() if k != "seed"}}
     write_json(result, out / "result.json")
@@ -274,6 +279,20 @@ def write_population(out: Path, members: list[Member], spec: dict, figures: dict
         result["aggregate"] = write_population_report(out)
         write_json(result, out / "result.json")
     return result
+
+
+def write_members(out: Path, members: list[Member], spec: dict) -> dict:
+    """OUT/population.json, what --resume rebuilds the members from (written before the members train, so that
+    a driver that is killed leaves a population that resumes); returns its "population" entry."""
+    from hetrl.checkpoint import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    base = members[0].cfg
+    pop = {"seeds": spec.get("seeds", sorted({m.seed for m in members})), "sweep": spec.get("sweep", {}),
+           "members": [m.to_json() for m in members], "groups": spec.get("groups")}
+    write_json({"format": FORMAT, "algo": base.algo, "env": base.env, "population": pop,
+                "schedule": base.schedule}, out / POPULATION_FILE)
+    return pop
 
 
 def is_population(path: str | Path) -> bool:
@@ -363,15 +382,16 @@ def train(algo: str, env="CartPole-v1", seeds: Any = 1, sweep: Any = None, steps
     return _train_groups(members, env, out_path, pp, spec, planned, save_replay, progress, evaluate_episodes)
 
 
-def _group_main(configs: list, names: list[str], seeds: list[int], settings: list[dict], env, out: str,
+def _group_main(group: int, configs: list, names: list[str], seeds: list[int], settings: list[dict], env, out: str,
                 lanes: int, save_replay: bool, evaluate_episodes: int | None, ship: bool, stopped=None) -> dict:
-    """One group of a population, in its own process or Ray task: its members trained as an inline population,
-    saved in OUT/members/NAME; returns their files (`ship`: a Ray task on another node) and figures.
-    `stopped(env_steps)`: whether the driver asks the group to stop (before a phase; every member saved)."""
+    """Group `group` of a population, in its own process or Ray task: its members trained as an inline
+    population, saved in OUT/members/NAME, its progress in OUT/groups/GROUP; returns their files (`ship`: a Ray
+    task on another node) and figures. `stopped(env_steps)`: whether the driver asks the group to stop (before a
+    phase; every member saved)."""
     members = [Member(n, s, st, c) for n, s, st, c in zip(names, seeds, settings, configs)]
     for m in members:
         m.cfg.schedule = "inline"
-    run = PopulationRun(members, env, Path(out), save_replay, lanes=lanes)
+    run = PopulationRun(members, env, Path(out), save_replay, lanes=lanes, group=group)
     run.learn(progress=False, stopped=stopped)
     n_eval = members[0].cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
     if n_eval and run.interrupted in (False, "callback"):
@@ -380,8 +400,7 @@ def _group_main(configs: list, names: list[str], seeds: list[int], settings: lis
         r.save(r.out)
     files = {}
     if ship:
-        for m in members:
-            d = Path(out) / "members" / m.name
+        for d in [Path(out) / "members" / m.name for m in members] + [Path(out) / "groups" / str(group)]:
             files.update({str(p.relative_to(out)): p.read_bytes() for p in d.rglob("*") if p.is_file()})
     return {"figures": run.figures(), "files": files, "interrupted": run.interrupted}
 
@@ -390,8 +409,9 @@ def _train_groups(members: list[Member], env, out: Path, pp, spec: dict, planned
                   progress: bool, evaluate_episodes: int | None) -> "GroupedPopulation":
     """The groups of `pp` as processes (local) or Ray tasks (ray), each an inline population of its members."""
     t0 = time.perf_counter()
-    jobs = [([members[i].cfg for i in g], [members[i].name for i in g], [members[i].seed for i in g],
-             [members[i].settings for i in g]) for g in pp.groups]
+    jobs = [(n, [members[i].cfg for i in g], [members[i].name for i in g], [members[i].seed for i in g],
+             [members[i].settings for i in g]) for n, g in enumerate(pp.groups)]
+    write_members(out, members, spec)
     if pp.schedule == "ray":
         results = _run_ray(jobs, env, out, pp.lanes, save_replay, evaluate_episodes, members[0].cfg)
     else:

@@ -148,6 +148,9 @@ def test_member_groups_train_as_processes_or_ray_tasks(tmp_path, schedule):
         res = json.loads((out / "members" / name / "result.json").read_text())
         assert res["env_steps"] == 400 and (out / "members" / name / "checkpoint.pt").is_file()
     assert run.result["aggregate"]["rows"][0]["runs"] == 2
+    # each group's progress in its own directory; the population's files are the driver's alone
+    assert all((out / "groups" / g / "progress.csv").is_file() for g in ("0", "1"))
+    assert not (out / "progress.csv").exists()
 
 
 def test_a_signal_to_the_driver_of_process_groups_saves_every_member(tmp_path):
@@ -160,12 +163,15 @@ def test_a_signal_to_the_driver_of_process_groups_saves_every_member(tmp_path):
     import time
 
     out = tmp_path / "pop"
+    listed = []
 
     def signal_once_training():
         deadline = time.monotonic() + 120
-        while not (out / "progress.csv").exists() and time.monotonic() < deadline:
+        while not (out / "groups" / "0" / "progress.csv").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(4.0)   # both groups past their first phases
+        # what --resume needs is written before the groups train (a driver killed now leaves it)
+        listed.extend(m["name"] for m in json.loads((out / "population.json").read_text())["population"]["members"])
         os.kill(os.getpid(), signal.SIGTERM)
 
     watcher = threading.Thread(target=signal_once_training, daemon=True)
@@ -173,7 +179,7 @@ def test_a_signal_to_the_driver_of_process_groups_saves_every_member(tmp_path):
     run = hetrl.train("dqn", "CartPole-v1", seeds=2, out=out, schedule="local", learner_kernel="public",
                       **dict(TINY, steps=10**6, eval_interval=10**6))
     watcher.join()
-    assert run.result["interrupted"] == "SIGTERM"
+    assert run.result["interrupted"] == "SIGTERM" and listed == ["seed0", "seed1"]
     done = []
     for name in ("seed0", "seed1"):
         ckpt = torch.load(out / "members" / name / "checkpoint.pt", weights_only=True)

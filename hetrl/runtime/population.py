@@ -314,6 +314,13 @@ class PopulationSchedule:
         for core in self.cores:
             core.tick()
 
+    def drop_replays(self) -> None:
+        """Let go of the members' replays (training is over and they are saved): their memory goes back to the
+        system. A member's replay saved with it is in its run directory (replay.pt)."""
+        self.replays = [None] * len(self.replays)
+        for m in self.members:
+            m.replay = None
+
     def close(self) -> None:
         if self._closed:
             return
