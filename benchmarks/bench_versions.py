@@ -8,7 +8,12 @@ settings added to the presets. Every round runs each workload under each variant
 subprocesses, the order flipped every other round, so all see the same machine load. Prints
 env steps/s per variant and the ratios to the first variant (medians), and writes
 benchmarks/results/bench_versions.json. Workloads: DQN CartPole-v1 (20k steps) and DDPG
-Pendulum-v1 (4k steps after a 1k warm-up), inline, --plan none, one learner thread.
+Pendulum-v1 (4k steps after a 1k warm-up), on one learner thread under the default plan; or
+`--cases ALGO:ENV:STEPS[:key=value...],...` (as bench_sb3.py takes them) with `--threads auto`
+to leave the thread count to the plan as well, e.g. the rl-zoo presets before and after a change:
+
+    python benchmarks/bench_versions.py --variant before=/path/to/old --variant after=. --rounds 3 \
+        --threads auto --cases dqn:CartPole-v1:50000,td3:Pendulum-v1:20000,sac:Pendulum-v1:20000
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,7 +35,7 @@ import json, sys, time
 import hetrl
 algo, env, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t = time.perf_counter()
-run = hetrl.train(algo, env, progress=False, evaluate_episodes=0, eval_episodes=0, threads=1, **settings)
+run = hetrl.train(algo, env, progress=False, evaluate_episodes=0, eval_episodes=0, **settings)
 print(json.dumps({"wall_s": time.perf_counter() - t, "env_steps_per_s": run.result["env_steps_per_s"],
                   "env_steps": run.result["env_steps"], "gradient_steps": run.result["gradient_steps"]}))
 """
@@ -45,8 +51,10 @@ def parse_variant(text: str) -> tuple[str, str, dict]:
     return name, str(Path(path).resolve()), settings
 
 
-def run_one(path: str, algo: str, env: str, settings: dict) -> dict:
+def run_one(path: str, algo: str, env: str, settings: dict, name: str = "") -> dict:
     env_vars = {**os.environ, "PYTHONPATH": path}
+    if name and "HETRL_CACHE_DIR" in os.environ:   # each version profiles and keeps its choices in its own cache
+        env_vars["HETRL_CACHE_DIR"] = os.path.join(os.environ["HETRL_CACHE_DIR"], name)
     p = subprocess.run([sys.executable, "-c", CHILD, algo, env, json.dumps(settings)], capture_output=True,
                        text=True, env=env_vars, cwd=path)
     if p.returncode != 0:
@@ -59,15 +67,27 @@ def main() -> None:
     ap.add_argument("--variant", action="append", required=True, help="NAME=CHECKOUT[:key=value,...]")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
+    ap.add_argument("--cases", default="", help="ALGO:ENV:STEPS[:key=value...],... instead of the workloads")
+    ap.add_argument("--threads", default="1", help="the learner's threads, or auto (the plan's)")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
+    workloads = dict(WORKLOADS)
+    if args.cases:
+        workloads = {}
+        for case in args.cases.split(","):
+            algo, env, steps, *sets = case.split(":")
+            extra = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in sets)}
+            workloads[f"{algo}-{env}-{steps}"] = (algo, env, {"steps": int(steps), **extra})
+        args.only = ",".join(workloads)
+    threads = {} if args.threads == "auto" else {"threads": int(args.threads)}
     runs: dict = {w: {v[0]: [] for v in variants} for w in args.only.split(",")}
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for w in runs:
-            algo, env, base = WORKLOADS[w]
+            algo, env, base = workloads[w]
+            base = {**threads, **base}
             for name, path, settings in order:
-                res = run_one(path, algo, env, {**base, **settings})
+                res = run_one(path, algo, env, {**base, **settings}, name)
                 runs[w][name].append(res)
                 print(f"round {r + 1} {w} {name}: {res['env_steps_per_s']:,.0f} env steps/s", flush=True)
     first = variants[0][0]
@@ -77,7 +97,9 @@ def main() -> None:
         summary[w] = {"median_env_steps_per_s": med, "ratio_to_" + first: {n: m / med[first] for n, m in med.items()}}
         print(f"{w}: " + ", ".join(f"{n} {m:,.0f} ({m / med[first]:.2f}x)" for n, m in med.items()))
     out = HERE / "results" / "bench_versions.json"
-    out.write_text(json.dumps({"variants": args.variant, "runs": runs, "summary": summary}, indent=2) + "\n")
+    out.write_text(json.dumps({"variants": args.variant, "threads": args.threads, "runs": runs, "summary": summary,
+                               "command": "python " + " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S")},
+                              indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -185,6 +185,8 @@ class PopulationRun:
         from hetrl.logger import Logger
 
         pop, cfg = self.schedule, self.cfg
+        if self.group is None:
+            write_members(self.out, self.members, self.spec)
         logger = Logger(self.out if self.group is None else self.out / "groups" / str(self.group), cfg.steps,
                         cfg.log_interval, progress, start_step=pop.c.env_steps)
         for r in self.runs:
