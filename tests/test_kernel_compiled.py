@@ -429,10 +429,12 @@ print(json.dumps({"name": name, "worst": worst, "local": local, "env_same": dict
 """
 
 
-def _run(code, *args, env_value=None):
+def _run(code, *args, env_value=None, cache_dir=None):
     env = {k: v for k, v in os.environ.items() if k != sgemm.ENV}
     if env_value:
         env[sgemm.ENV] = env_value
+    if cache_dir is not None:
+        env["HETRL_CACHE_DIR"] = str(cache_dir)
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -473,6 +475,28 @@ def test_a_recorded_gemm_other_than_the_bound_one_runs_on_the_bound_one_and_says
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["gemm"] == got["first"] == "mkl" and "not the recorded openblas" in got["gemm_note"]
     assert "warning: the compiled kernel multiplies on mkl, not the recorded openblas" in p.stderr
+
+
+@pytest.mark.skipif("mkl" not in sgemm.candidates(), reason="one GEMM only in this torch build")
+def test_the_gemm_is_probed_once_per_machine_and_later_processes_bind_that_one(tmp_path):
+    """bind(None) in a machine's first process probes both GEMMs and records the faster in the machine's kernel
+    cache; a later process binds the recorded one without a probe, so every learner shape whose kernel is
+    measured later runs on the same GEMM."""
+    def bound():
+        p = _run(CHECK, "-", cache_dir=tmp_path)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first = bound()
+    assert first["report"]["by"] == "probe" and {"mkl_s", "openblas_s"} <= set(first["report"])
+    cache = next(tmp_path.glob("kernels-*.json"))
+    data = json.loads(cache.read_text())
+    assert data["gemm"]["name"] == first["name"]
+    other = "openblas" if first["name"] == "mkl" else "mkl"
+    data["gemm"]["name"] = other   # the record decides, not a probe
+    cache.write_text(json.dumps(data))
+    second = bound()
+    assert second["name"] == other and second["report"]["by"] == "machine" and "mkl_s" not in second["report"]
 
 
 def test_hetrl_sgemm_pins_the_choice_and_an_unknown_name_is_one_line(monkeypatch):

@@ -326,6 +326,28 @@ def cached(key: str) -> Choice | None:
 
 
 def remember(key: str, choice: Choice) -> None:
+    def change(data: dict) -> None:
+        data.setdefault("choices", {})[key] = choice.to_json()
+    _update_cache(change)
+
+
+def machine_gemm() -> str | None:
+    """The GEMM this machine's first probe chose (sgemm.bind(None) binds it in every later process), or None."""
+    try:
+        data = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return None
+    got = data.get("gemm", {}) if data.get("format") == CACHE_FORMAT else {}
+    return got.get("name") if isinstance(got, dict) else None
+
+
+def remember_gemm(name: str, seconds: dict) -> None:
+    def change(data: dict) -> None:
+        data["gemm"] = {"name": name, "probe_s": seconds}
+    _update_cache(change)
+
+
+def _update_cache(change: Callable[[dict], Any]) -> None:
     path = _cache_file()
     try:
         data = json.loads(path.read_text())
@@ -334,7 +356,7 @@ def remember(key: str, choice: Choice) -> None:
     except (OSError, ValueError):
         data = {}
     data.setdefault("format", CACHE_FORMAT)
-    data.setdefault("choices", {})[key] = choice.to_json()
+    change(data)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -7,8 +7,10 @@ multiplies is linked, by `bind(name)`:
 
 * `bind("mkl")` / `bind("openblas")`: that one (the caller passes the choice it recorded: a run's profile and
   checkpoint, a learner's choice handed to its actor processes);
-* `bind(None)`: a probe times both on a small MLP update's products (one thread each, ~20 ms, alternating)
-  and takes the faster;
+* `bind(None)`: the machine's choice, recorded in its kernel cache (`select.machine_gemm()`) by the first probe
+  on the machine: a probe times both on a small MLP update's products (one thread each, ~20 ms,
+  alternating) and takes the faster. Probing once per machine keeps every process, and every learner shape
+  whose kernel choice is measured later, on the same GEMM, and so on the same floating-point path;
 * `HETRL_SGEMM=mkl|openblas` in the environment pins it over either (read only: nothing here writes the
   environment).
 
@@ -163,14 +165,20 @@ def _bind_once(name: str | None) -> None:
         if len(have) == 1:
             want, note = "openblas", f"OpenBLAS, since {why_no_mkl}"
         else:
-            for _ in range(2):   # alternating
-                for n, (g, loc) in have.items():
-                    times[n] = min(times.get(n, float("inf")), time_gemm(g, loc))
-            want = min(times, key=times.get)
+            from hetrl.kernels.select import machine_gemm, remember_gemm
+
+            want = machine_gemm()
+            if want not in have:
+                for _ in range(2):   # alternating
+                    for n, (g, loc) in have.items():
+                        times[n] = min(times.get(n, float("inf")), time_gemm(g, loc))
+                want = min(times, key=times.get)
+                remember_gemm(want, times)
     g, loc = have[want]
     _llvm.add_symbol("hetrl_kernels_sgemm", g)
     _llvm.add_symbol("hetrl_kernels_blas_local", loc)
-    _bound.update(name=want, seconds=times, note=note, address=g)
+    _bound.update(name=want, seconds=times, note=note, address=g,
+                  by="pinned" if pinned() else "asked" if name else "probe" if times else "machine")
 
 
 def chosen() -> str | None:
@@ -185,7 +193,8 @@ def note() -> str:
 
 def report() -> dict:
     """For the profile and `hetrl plan`: the bound GEMM, where bind() timed them each one's seconds, and the note."""
-    out = {"chosen": _bound.get("name"), **{f"{n}_s": t for n, t in _bound.get("seconds", {}).items()}}
+    out = {"chosen": _bound.get("name"), "by": _bound.get("by"),
+           **{f"{n}_s": t for n, t in _bound.get("seconds", {}).items()}}
     if _bound.get("note"):
         out["note"] = _bound["note"]
     return out
