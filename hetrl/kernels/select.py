@@ -315,14 +315,18 @@ def _cache_file() -> Path:
     return cache_dir() / f"kernels-{machine_id(machine_info())}.json"
 
 
-def cached(key: str) -> Choice | None:
+def _read_cache() -> dict:
+    """The machine's kernel cache ({} where it is missing, unreadable or of another format)."""
     try:
         data = json.loads(_cache_file().read_text())
     except (OSError, ValueError):
-        return None
-    if data.get("format") != CACHE_FORMAT or key not in data.get("choices", {}):
-        return None
-    return Choice.from_json(data["choices"][key])
+        return {}
+    return data if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else {}
+
+
+def cached(key: str) -> Choice | None:
+    got = _read_cache().get("choices", {}).get(key)
+    return Choice.from_json(got) if got is not None else None
 
 
 def remember(key: str, choice: Choice) -> None:
@@ -333,11 +337,7 @@ def remember(key: str, choice: Choice) -> None:
 
 def machine_gemm() -> str | None:
     """The GEMM this machine's first probe chose (sgemm.bind(None) binds it in every later process), or None."""
-    try:
-        data = json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
-        return None
-    got = data.get("gemm", {}) if data.get("format") == CACHE_FORMAT else {}
+    got = _read_cache().get("gemm")
     return got.get("name") if isinstance(got, dict) else None
 
 
@@ -349,12 +349,7 @@ def remember_gemm(name: str, seconds: dict) -> None:
 
 def _update_cache(change: Callable[[dict], Any]) -> None:
     path = _cache_file()
-    try:
-        data = json.loads(path.read_text())
-        if data.get("format") != CACHE_FORMAT:
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+    data = _read_cache()
     data.setdefault("format", CACHE_FORMAT)
     change(data)
     try:

@@ -315,8 +315,9 @@ class PopulationSchedule:
             core.tick()
 
     def drop_replays(self) -> None:
-        """Let go of the members' replays (training is over and they are saved): their memory goes back to the
-        system. A member's replay saved with it is in its run directory (replay.pt)."""
+        """Let go of the members' replays (training is over and they are saved; a replay saved with its member is
+        in the member's run directory, replay.pt). Their memory is freed for what follows (the report); the
+        allocator returns to the system only what it can."""
         self.replays = [None] * len(self.replays)
         for m in self.members:
             m.replay = None
