@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-# Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [ddpg] [td3] [sac] [--threads 1] [--net-arch 400,300]
-#        [--activation relu] [--layer-norm] [--kernels public,compiled] [--gemm mkl|openblas] [--rounds 5]
-"""One update of DDPG / TD3 / SAC (Pendulum presets, batch 256): ms/update of each learner kernel, alternating in
-one process, and the achieved GFLOP/s against this CPU's single-thread matmul measured in the same run.
+# Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [dqn] [ddpg] [td3] [sac] [--threads 1]
+#        [--net-arch 400,300] [--activation relu] [--layer-norm] [--kernels public,compiled] [--gemm mkl|openblas]
+#        [--rounds 5]
+"""One update of DQN (CartPole-v1 preset, batch 64) / DDPG / TD3 / SAC (Pendulum-v1 presets, batch 256): ms/update
+of each learner kernel, alternating in one process, and the achieved GFLOP/s against this CPU's single-thread
+matmul measured in the same run.
 
 Kernels: `public` (the algorithm's own learn: autograd + fused Adam), `compiled` (hetrl/kernels/compiled/: the
 composed numba kernel). Each runs its own copy of the algorithm from the same initial state, at the learner's
@@ -35,7 +37,7 @@ ap.add_argument("algos", nargs="*", default=["ddpg", "td3", "sac"])
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--calls", type=int, default=40, help="updates per timed round")
-ap.add_argument("--net-arch", default="", help="e.g. 400,300 (default: the Pendulum preset's)")
+ap.add_argument("--net-arch", default="", help="e.g. 400,300 (default: the preset's)")
 ap.add_argument("--activation", default="relu")
 ap.add_argument("--layer-norm", action="store_true")
 ap.add_argument("--kernels", default="public,compiled")
@@ -45,13 +47,17 @@ ap.add_argument("--out", default="", help="a JSON file for the figures, e.g. "
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 torch.set_flush_denormal(True)
-obs_s, act_s = gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,))
+ENVS = {"dqn": ("CartPole-v1", gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2))}
+PENDULUM = ("Pendulum-v1", gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)))
 gemm_name = sgemm.bind(args.gemm)
 
 
-def batch(K, B=256):
-    return {"obs": torch.randn(K, B, 3), "action": torch.rand(K, B, 1) * 2 - 1, "reward": torch.randn(K, B),
-            "next_obs": torch.randn(K, B, 3), "terminated": torch.zeros(K, B, dtype=torch.bool),
+def batch(K, B, obs_s, act_s):
+    d = obs_s.shape[0]
+    action = (torch.randint(0, int(act_s.n), (K, B)) if isinstance(act_s, gym.spaces.Discrete)
+              else torch.rand(K, B, *act_s.shape) * 2 - 1)
+    return {"obs": torch.randn(K, B, d), "action": action, "reward": torch.randn(K, B),
+            "next_obs": torch.randn(K, B, d), "terminated": torch.zeros(K, B, dtype=torch.bool),
             "truncated": torch.zeros(K, B, dtype=torch.bool), "steps": torch.ones(K, B, dtype=torch.uint8)}
 
 
@@ -116,7 +122,8 @@ for algo_name in args.algos:
     settings = {"threads": args.threads, "activation": args.activation, "layer_norm": args.layer_norm}
     if args.net_arch:
         settings["net_arch"] = [int(x) for x in args.net_arch.split(",")]
-    cfg = make_config(algo_name, "Pendulum-v1", settings)
+    env_id, obs_s, act_s = ENVS.get(algo_name, PENDULUM)
+    cfg = make_config(algo_name, env_id, settings)
     h = cfg.net_arch
     shape = (cfg.batch_size, h[0], h[-1])
     peaks = peak([shape, (256, 256, 256), (512, 512, 512), (1024, 1024, 1024)])
@@ -133,7 +140,7 @@ for algo_name in args.algos:
             kernels[name] = {"public": Public, "compiled": CompiledKernel}[name](algo)
         except (ValueError, ImportError) as e:
             print(f"  {name}: skipped ({e})")
-    pool, w = [batch(1, cfg.batch_size) for _ in range(32)], torch.ones(1, cfg.batch_size)
+    pool, w = [batch(1, cfg.batch_size, obs_s, act_s) for _ in range(32)], torch.ones(1, cfg.batch_size)
     it = iter(range(1 << 62))
 
     def nxt():
@@ -165,9 +172,8 @@ for algo_name in args.algos:
            "peak_gflops": mm_peak, "peak_of": [best_of[0], list(best_of[1])], "ms_per_update": {}, "rounds_ms": {}}
     for name, s in med.items():
         g = flops / 1e9 / s
-        rel = ""
-        print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {args.calls})  {g:5.1f} GFLOP/s = "
-              f"{g / mm_peak * 100:3.0f}% of the peak{rel}")
+        print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {args.calls})  "
+              f"{g:5.1f} GFLOP/s = {g / mm_peak * 100:3.0f}% of the peak")
         rec["ms_per_update"][name] = s * 1e3
         rec["rounds_ms"][name] = [t * 1e3 for t in times[name]]
     results["algos"][algo_name] = rec

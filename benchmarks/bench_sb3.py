@@ -44,7 +44,7 @@ if lib == "hetrl":
     r = run.result
     out = {"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
            "schedule": run.cfg.schedule, "threads": run.cfg.threads, "learner_kernel": r.get("learner_kernel"),
-           "sgemm": r.get("sgemm"), "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
+           "gemm": r.get("gemm"), "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
            "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}
 else:
     sys.path.insert(0, __BENCH_DIR__)

@@ -382,6 +382,42 @@ def test_load_weights_copies_a_twin_state_and_refuses_another():
         load_weights(b, mlp([3, 5, 2]).state_dict())
 
 
+def test_heads_share_their_scratch_per_thread_and_each_still_equals_its_public_learn():
+    """Two members with the same shapes, learning in turn on one thread (a population's lane), share one set of
+    lane workspaces and each still equals its own public learn; another thread has its own set; the sets go with
+    the last head."""
+    import gc
+    import threading
+
+    from hetrl.kernels.compiled.head import _Scratch
+
+    gc.collect()
+    before = _Scratch.heads
+    (k1, _, r1), (k2, _, r2) = _pair("sac", threads=2), _pair("sac", threads=2)
+    for seed in range(3):
+        _learn_both(k1, r1, 2, seed)
+        _learn_both(k2, r2, 2, 10 + seed)
+    _same_state(k1.algo, r1)
+    _same_state(k2.algo, r2)
+
+    def make():
+        return (np.zeros(4, np.float32),)
+
+    mine = k1.head.buffers(("probe",), make)
+    assert k2.head.buffers(("probe",), make) is mine
+    other = []
+    t = threading.Thread(target=lambda h=k2.head: other.append(h.buffers(("probe",), make)))
+    t.start()
+    t.join()
+    assert other[0] is not mine
+    assert k2.head.buffers(("probe", 2), make) is not mine   # new shapes: made again
+    while _OPEN:
+        _OPEN.pop().close()
+    del k1, k2, t, _
+    gc.collect()
+    assert _Scratch.heads == before and (before or not _Scratch.sets)
+
+
 def test_training_with_the_compiled_kernel(tmp_path):
     """A short inline run on the compiled kernel trains (every gradient step taken), acts through it, and
     records the kernel and its GEMM."""

@@ -6,9 +6,16 @@ updates as one numba call on the algorithm's own buffers. The batch's rows are s
 as *lanes*: lane c takes rows c B / n .. (c + 1) B / n through the whole forward and backward of a step on its
 own workspace, lane 0 writing the optimizer's gradient buffer and lane c > 0 a partial one, summed before the
 step (the losses stay means over the whole batch).
+
+A lane's workspace is scratch (a phase writes each part before reading it), so the heads of one class share
+theirs per thread: the members of a population, learning one after another on a thread, hold one set between
+them instead of one each. The set is let go with the last head.
 """
 
 from __future__ import annotations
+
+import threading
+import weakref
 
 import numpy as np
 import torch
@@ -37,7 +44,7 @@ class Head:
     def __init__(self, algo, **options):
         self.algo = algo
         self.options = options
-        self._buffers: dict = {}
+        _Scratch.hold(self)
         self._consts: dict[str, tuple] = {}
         self.lane_split: str | None = None
 
@@ -64,11 +71,9 @@ class Head:
 
     # ---- shared helpers ----
     def buffers(self, key: tuple, make) -> tuple:
-        """Buffers kept across calls for the shapes in `key` (made again when they change)."""
-        got = self._buffers.get("lanes")
-        if got is None or got[0] != key:
-            got = self._buffers["lanes"] = (key, make())
-        return got[1]
+        """The lanes' scratch buffers for the shapes in `key`: kept across calls, shared by the heads of this class
+        on the calling thread, made again when the shapes change."""
+        return _Scratch.get(type(self), key, make)
 
     def consts(self, name: str, values: tuple, dtype=np.float64) -> np.ndarray:
         """`values` (hyper-parameters) as the array a phase reads, made again only when one of them changed (a
@@ -76,6 +81,35 @@ class Head:
         got = self._consts.get(name)
         if got is None or got[0] != values:
             got = self._consts[name] = (values, np.array(values, dtype))
+        return got[1]
+
+
+class _Scratch:
+    """The lanes' workspaces, one set per (thread, head class); cleared when no head is left."""
+
+    sets: dict[tuple[int, type], tuple] = {}
+    heads = 0
+    lock = threading.Lock()
+
+    @classmethod
+    def hold(cls, head: Head) -> None:
+        with cls.lock:
+            cls.heads += 1
+        weakref.finalize(head, cls._release)
+
+    @classmethod
+    def _release(cls) -> None:
+        with cls.lock:
+            cls.heads -= 1
+            if cls.heads == 0:
+                cls.sets.clear()
+
+    @classmethod
+    def get(cls, kind: type, key: tuple, make) -> tuple:
+        slot = (threading.get_ident(), kind)
+        got = cls.sets.get(slot)
+        if got is None or got[0] != key:
+            got = cls.sets[slot] = (key, make())
         return got[1]
 
 
@@ -161,8 +195,8 @@ class Alpha:
 
 def vector_obs(algo) -> None:
     if getattr(algo, "pixels", False):
-        raise Declined("the observations are pixels, through the Nature CNN (convolutions), which the compiled kernel has no "
-                       "piece for")
+        raise Declined("the observations are pixels, through the Nature CNN (convolutions), which the compiled "
+                       "kernel has no piece for")
     dev = getattr(algo, "device", torch.device("cpu"))
     if torch.device(dev).type != "cpu":
         raise Declined(f"the learner runs on {dev}; the compiled kernel runs on the CPU")
