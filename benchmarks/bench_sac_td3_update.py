@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 # Usage: PYTHONPATH=. python benchmarks/bench_sac_td3_update.py [dqn] [ddpg] [td3] [sac] [--threads 1]
 #        [--net-arch 400,300] [--activation relu] [--layer-norm] [--kernels public,compiled] [--gemm mkl|openblas]
-#        [--rounds 5]
+#        [--rounds 5] [--group K]
 """One update of DQN (CartPole-v1 preset, batch 64) / DDPG / TD3 / SAC (Pendulum-v1 presets, batch 256): ms/update
 of each learner kernel, alternating in one process, and the achieved GFLOP/s against this CPU's single-thread
-matmul measured in the same run.
+matmul measured in the same run. A call learns K updates at once, K as a run groups them (the preset's gradient
+steps per learner call: DQN's 128, one for the others; `--group` sets it); ms/update is a call's time over K.
 
 Kernels: `public` (the algorithm's own learn: autograd + fused Adam), `compiled` (hetrl/kernels/compiled/: the
 composed numba kernel). Each runs its own copy of the algorithm from the same initial state, at the learner's
@@ -31,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from hetrl.algos import make_algorithm
 from hetrl.config import make_config
 from hetrl.kernels.compiled import CompiledKernel, sgemm
+from hetrl.runtime.layout import grads_per_phase, group_size
 
 ap = argparse.ArgumentParser()
 ap.add_argument("algos", nargs="*", default=["ddpg", "td3", "sac"])
@@ -42,6 +44,7 @@ ap.add_argument("--activation", default="relu")
 ap.add_argument("--layer-norm", action="store_true")
 ap.add_argument("--kernels", default="public,compiled")
 ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
+ap.add_argument("--group", type=int, default=0, help="updates per learner call (default: as a run groups them)")
 ap.add_argument("--out", default="", help="a JSON file for the figures, e.g. "
                                           "benchmarks/results/bench_sac_td3_DATE_MACHINE_COMMIT.json")
 args = ap.parse_args()
@@ -140,11 +143,18 @@ for algo_name in args.algos:
             kernels[name] = {"public": Public, "compiled": CompiledKernel}[name](algo)
         except (ValueError, ImportError) as e:
             print(f"  {name}: skipped ({e})")
+    K = args.group or group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
+    calls = max(2, -(-args.calls // K))   # learner calls per timed round: at least --calls updates
     pool, w = [batch(1, cfg.batch_size, obs_s, act_s) for _ in range(32)], torch.ones(1, cfg.batch_size)
+    pool_k = [batch(K, cfg.batch_size, obs_s, act_s) for _ in range(max(2, 32 // K))]
+    w_k = torch.ones(K, cfg.batch_size)
     it = iter(range(1 << 62))
 
     def nxt():
         return pool[next(it) % len(pool)]
+
+    def nxt_k():
+        return pool_k[next(it) % len(pool_k)]
 
     kernels.get("public", Public(first)).use_threads(args.threads)
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
@@ -154,25 +164,27 @@ for algo_name in args.algos:
     times = {k: [] for k in kernels}
     for name, k in kernels.items():
         k.use_threads(args.threads)   # each sets its own (the compiled ones: lanes, torch on one thread)
-        for _ in range(20):
-            k.learn(nxt(), w)
+        for _ in range(max(2, 20 // K)):
+            k.learn(nxt_k(), w_k)
     for r in range(args.rounds):
         for name, k in (kernels.items() if r % 2 == 0 else list(kernels.items())[::-1]):   # alternating
             k.use_threads(args.threads)
             t = time.perf_counter()
-            for _ in range(args.calls):
-                k.learn(nxt(), w)
-            times[name].append((time.perf_counter() - t) / args.calls)
+            for _ in range(calls):
+                k.learn(nxt_k(), w_k)
+            times[name].append((time.perf_counter() - t) / (calls * K))
     print(f"{algo_name} net_arch={h} {args.activation}{' layer_norm' if args.layer_norm else ''} batch "
-          f"{cfg.batch_size}, {args.threads} thread(s): {flops / 1e9:.3f} GFLOP/update; matmul {shape} "
+          f"{cfg.batch_size}, {K} update(s) per call, {args.threads} thread(s): {flops / 1e9:.3f} GFLOP/update; "
+          f"matmul {shape} "
           + ", ".join(f"{n} {g:.1f}" for n, g in at_shape.items()) + f" GFLOP/s; single-thread peak {mm_peak:.1f} "
           f"({best_of[0]} {best_of[1]}); the compiled kernels' GEMM: {sgemm.report()}")
     med = {name: statistics.median(ts) for name, ts in times.items()}
     rec = {"net_arch": h, "activation": args.activation, "layer_norm": args.layer_norm, "gflop_per_update": flops / 1e9,
-           "peak_gflops": mm_peak, "peak_of": [best_of[0], list(best_of[1])], "ms_per_update": {}, "rounds_ms": {}}
+           "updates_per_call": K, "peak_gflops": mm_peak, "peak_of": [best_of[0], list(best_of[1])],
+           "ms_per_update": {}, "rounds_ms": {}}
     for name, s in med.items():
         g = flops / 1e9 / s
-        print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {args.calls})  "
+        print(f"  {name:12s} {s * 1e3:6.2f} ms/update (median of {len(times[name])} x {calls * K})  "
               f"{g:5.1f} GFLOP/s = {g / mm_peak * 100:3.0f}% of the peak")
         rec["ms_per_update"][name] = s * 1e3
         rec["rounds_ms"][name] = [t * 1e3 for t in times[name]]

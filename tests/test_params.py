@@ -121,3 +121,48 @@ def test_the_finite_check_reads_cpu_and_autograd_tensors():
     assert _all_finite(torch.zeros(2, 3)) and not _all_finite(torch.tensor([0.0, float("nan")]))
     assert not _all_finite(torch.tensor([float("inf")], requires_grad=True))
     assert _all_finite(torch.ones(3, dtype=torch.bfloat16)) and not _all_finite(torch.tensor([float("nan")]).bfloat16())
+
+
+def test_a_flat_policy_is_published_and_loaded_as_one_copy_and_stays_a_snapshot():
+    """A module whose parameters are views of one buffer (FlatAdam's) gives live_state() a span over them: the
+    in-process store keeps its own buffer and copies it as one, an actor's flattened network loads it as one;
+    each copy is a snapshot, live_state follows the module and is walked again when a parameter is replaced."""
+    from torch import nn
+
+    from hetrl.algos.nets import FlatState, flatten, live_state, load_weights
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    learner, actor = net(), net()
+    flatten(learner)
+    st = live_state(learner)
+    assert isinstance(st, FlatState) and st.flat is not None and st.flat.numel() == 3 * 4 + 4 + 4 * 2 + 2
+    assert list(st) == list(learner.state_dict())
+    st.pop("0.weight")                                    # the caller's dict: the next call is whole again
+    assert list(live_state(learner)) == list(learner.state_dict())
+    store = InProcessParameterStore()
+    store.publish(live_state(learner))
+    published, v = store.latest(-1)
+    assert published.flat is not None and published.flat.data_ptr() != st.flat.data_ptr()
+    with torch.no_grad():
+        learner[0].weight.add_(1.0)                        # the learner moves: live_state follows it ...
+    assert torch.equal(live_state(learner)["0.weight"], learner[0].weight)
+    assert not torch.equal(published["0.weight"], learner[0].weight)    # ... the published copy does not
+    store.publish(live_state(learner))
+    again, _ = store.latest(v)
+    assert again.flat is published.flat and torch.equal(again["0.weight"], learner[0].weight)
+    for flat_actor in (False, True):
+        if flat_actor:
+            flatten(actor)                                 # (the compiled acting flattens its network)
+        load_weights(actor, again)
+        assert live_state(actor).flat is not None if flat_actor else live_state(actor).flat is None
+        assert all(torch.equal(a, b) for a, b in zip(actor.state_dict().values(), learner.state_dict().values()))
+        with torch.no_grad():
+            actor[2].bias.zero_()
+    learner[2].bias = nn.Parameter(torch.full((2,), 7.0))  # a parameter replaced: walked again, not one span
+    st = live_state(learner)
+    assert torch.equal(st["2.bias"], torch.full((2,), 7.0)) and st.flat is None
+    load_weights(actor, st)
+    assert torch.equal(actor[2].bias, torch.full((2,), 7.0))

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algorithm import Algorithm
-from hetrl.algos.nets import FlatAdam
+from hetrl.algos.nets import FlatAdam, live_state
 from hetrl.algos.sac import SACPolicy, parse_coef, squash
 from hetrl.config import Config, check_ent_coef
 from hetrl.errors import UsageError
@@ -243,7 +243,7 @@ class CrossQ(Algorithm):
 
     def policy_state(self) -> dict:
         """The actor's parameters and its batch-renorm statistics."""
-        return self.actor.state_dict()
+        return live_state(self.actor)
 
     def policy_changes(self) -> int:
         """The actor (weights and statistics) moves every policy_delay-th update only."""

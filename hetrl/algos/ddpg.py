@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hetrl.algorithm import Algorithm
-from hetrl.algos.nets import FlatAdam, flatten, load_weights, mlp, soft_update
+from hetrl.algos.nets import FlatAdam, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config
 from hetrl.errors import UsageError
 from hetrl.sb3compat import ACTOR_CRITIC, TAIL, SB3Compat
@@ -137,7 +137,7 @@ class NoisyActing(Algorithm):
         return DDPGPolicy(net, self.low, self.high, self.cfg.noise_type, seed, num_envs, device)
 
     def policy_state(self) -> dict:
-        return self.actor.state_dict()
+        return live_state(self.actor)
 
     def exploration(self, env_steps: int) -> float | None:
         return None if env_steps < self.cfg.learning_starts else self.cfg.noise_std

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algorithm import Algorithm, is_image
-from hetrl.algos.nets import FlatAdam, NatureCNN, load_weights, mlp, soft_update
+from hetrl.algos.nets import FlatAdam, NatureCNN, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config
 from hetrl.errors import UsageError
 from hetrl.sb3compat import REPLAY, TAIL, SB3Compat
@@ -160,7 +160,7 @@ class DQN(Algorithm):
         return DQNPolicy(net, self.n_actions, seed, device)
 
     def policy_state(self) -> dict:
-        return self.q.state_dict()
+        return live_state(self.q)
 
     def exploration(self, env_steps: int) -> float | None:
         """Epsilon, linear from initial to final over exploration_fraction of the run; None

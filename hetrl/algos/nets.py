@@ -90,23 +90,84 @@ def body(cfg, sizes: list[int], **kw) -> nn.Sequential:
     return mlp(sizes, activation=cfg.activation, layer_norm=cfg.layer_norm, **kw)
 
 
-_OWN: "weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]]" = weakref.WeakKeyDictionary()
+class FlatState(dict):
+    """A state dict whose tensors lie back to back, in its order, in one buffer: `flat` is that span (a 1-D view)
+    and `sig` the names, shapes and dtypes, so that a copy between two of the same `sig` is one copy of `flat`
+    (publishing a policy, loading it into an actor) instead of one per tensor."""
+
+    flat: torch.Tensor | None = None
+    sig: tuple = ()
+
+    @classmethod
+    def of(cls, state: dict[str, torch.Tensor]) -> FlatState:
+        out = cls(state)
+        out.sig = tuple((k, tuple(v.shape), v.dtype) for k, v in state.items())
+        out.flat = _span(list(state.values()))
+        return out
+
+    def same(self) -> FlatState:
+        """A new dict of the same tensors, span and sig."""
+        out = FlatState(self)
+        out.flat, out.sig = self.flat, self.sig
+        return out
+
+    def copy_from(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy `state` (the same names and shapes, in order) into these tensors: one copy where both are spans of
+        the same layout."""
+        src = getattr(state, "flat", None)
+        if src is not None and self.flat is not None and state.sig == self.sig:
+            self.flat.copy_(src)
+            return
+        for t, v in zip(self.values(), state.values()):
+            t.copy_(v)
+
+
+def _span(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The 1-D view of the one buffer that the tensors `ts` fill back to back in order, or None."""
+    if not ts:
+        return None
+    t0 = ts[0]
+    ptr, n = t0.data_ptr(), 0
+    for t in ts:
+        if (t.dtype != t0.dtype or t.device != t0.device or not t.is_contiguous()
+                or t.data_ptr() != ptr + n * t.element_size()
+                or t.untyped_storage().data_ptr() != t0.untyped_storage().data_ptr()):
+            return None
+        n += t.numel()
+    return t0.detach().as_strided((n,), (1,), t0.storage_offset())
+
+
+_LIVE: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, FlatState]]" = weakref.WeakKeyDictionary()
+
+
+def live_state(module: nn.Module) -> FlatState:
+    """module.state_dict() (the same names and detached views of its parameters and buffers, which follow the
+    module as it learns), walked once per module and again only when one of its tensors was replaced or moved:
+    a learner publishes its policy after every update, and state_dict()'s walk over the submodules cost more
+    than the copy of a small policy's weights. A new dict each call (the caller may change it); a FlatState,
+    whose `flat` spans the tensors where they lie back to back in one buffer (a FlatAdam's module)."""
+    got = _LIVE.get(module)
+    if got is not None and all(d.get(n) is t and (t is None or t.data_ptr() == ptr) for d, n, t, ptr in got[0]):
+        return got[1].same()
+    slots = tuple((d, n, t, 0 if t is None else t.data_ptr()) for m in module.modules()
+                  for d in (m._parameters, m._buffers) for n, t in d.items())
+    state = FlatState.of(module.state_dict())
+    _LIVE[module] = (slots, state)
+    return state.same()
 
 
 @torch.no_grad()
 def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """module.load_state_dict(state), for the many loads of an actor's policy: the state of a twin module
-    (same names and shapes) is copied tensor by tensor, without load_state_dict's walk over every submodule
-    (36 vs 180 us per load of a 2x256 SAC actor, measured); any other state goes through load_state_dict,
-    which says what differs."""
-    own = _OWN.get(module)
-    if own is None:
-        own = _OWN[module] = module.state_dict(keep_vars=True)
-    if tuple(own) != tuple(state) or any(t.shape != v.shape for t, v in zip(own.values(), state.values())):
+    (same names and shapes) is copied without load_state_dict's walk over every submodule, in one copy where
+    both lie in one buffer each (a published FlatState into a flattened network, as the compiled acting
+    makes it); any other state goes through load_state_dict, which says what differs."""
+    own = live_state(module)
+    if getattr(state, "sig", None) != own.sig and (tuple(own) != tuple(state) or any(
+            t.shape != v.shape for t, v in zip(own.values(), state.values()))):
         module.load_state_dict(state)
         return
-    for t, v in zip(own.values(), state.values()):
-        t.copy_(v)
+    own.copy_from(state)
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ from torch import nn
 
 from hetrl.algorithm import Algorithm
 from hetrl.algos.ddpg import Critic
-from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, FlatAdam, flatten, load_weights, mlp, soft_update
+from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, FlatAdam, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config, check_ent_coef
 from hetrl.sb3compat import ACTOR_CRITIC, SDE, TAIL, SB3Compat
 
@@ -184,7 +184,7 @@ class SAC(Algorithm):
         return SACPolicy(net, self.low, self.high, seed, device)
 
     def policy_state(self) -> dict:
-        return self.actor.state_dict()
+        return live_state(self.actor)
 
     @property
     def alpha(self) -> float:
