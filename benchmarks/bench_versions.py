@@ -9,7 +9,8 @@ subprocesses, the order flipped every other round, so all see the same machine l
 env steps/s per variant and the ratios to the first variant (medians), and writes
 benchmarks/results/bench_versions.json (or --out). Workloads: DQN CartPole-v1 (20k steps) and DDPG
 Pendulum-v1 (4k steps after a 1k warm-up), on one learner thread under the default plan; or
-`--cases ALGO:ENV:STEPS[:key=value...],...` (as bench_sb3.py takes them) with `--threads auto`
+`--cases ALGO:ENV:STEPS[:key=value...],...` (as bench_sb3.py takes them; a list in brackets,
+net_arch=[64,64]) with `--threads auto`
 to leave the thread count to the plan as well, e.g. the rl-zoo presets before and after a change:
 
     python benchmarks/bench_versions.py --variant before=/path/to/old --variant after=. --rounds 3 \
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -41,11 +43,16 @@ print(json.dumps({"wall_s": time.perf_counter() - t, "env_steps_per_s": run.resu
 """
 
 
+def split_list(text: str) -> list[str]:
+    """text split at its commas outside brackets: a value may be a JSON list (net_arch=[64,64])."""
+    return re.split(r",(?![^\[]*\])", text)
+
+
 def parse_variant(text: str) -> tuple[str, str, dict]:
     name, _, rest = text.partition("=")
     path, _, sets = rest.partition(":")
     settings = {}
-    for pair in filter(None, sets.split(",")):
+    for pair in filter(None, split_list(sets)):
         k, v = pair.split("=", 1)
         settings[k] = json.loads(v) if v not in ("true", "false") else v == "true"
     return name, str(Path(path).resolve()), settings
@@ -75,7 +82,7 @@ def main() -> None:
     workloads = dict(WORKLOADS)
     if args.cases:
         workloads = {}
-        for case in args.cases.split(","):
+        for case in split_list(args.cases):
             algo, env, steps, *sets = case.split(":")
             extra = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in sets)}
             workloads[f"{algo}-{env}-{steps}"] = (algo, env, {"steps": int(steps), **extra})

@@ -88,6 +88,23 @@ def peak_memory(device: torch.device) -> dict:
     return out
 
 
+def give_back_freed_memory() -> bool:
+    """Ask the C allocator to return the free memory it holds to the system (glibc's malloc_trim), after a
+    large release (a population's replays before its report): glibc serves arrays of up to 32 MB from its
+    heap once a free has raised its mmap threshold, and such memory, once freed, stays in the process's RSS
+    until trimmed. False where there is no glibc (macOS, Windows, musl)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
 @dataclass
 class Counters:
     env_steps: int = 0

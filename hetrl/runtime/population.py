@@ -25,7 +25,7 @@ from hetrl.actors import Actor
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError
-from hetrl.runtime.core import Counters, LearnerCore, Schedule
+from hetrl.runtime.core import Counters, LearnerCore, Schedule, give_back_freed_memory
 from hetrl.runtime.params import InProcessParameterStore
 
 
@@ -316,11 +316,12 @@ class PopulationSchedule:
 
     def drop_replays(self) -> None:
         """Let go of the members' replays (training is over and they are saved; a replay saved with its member is
-        in the member's run directory, replay.pt). Their memory is freed for what follows (the report); the
-        allocator returns to the system only what it can."""
+        in the member's run directory, replay.pt). Their memory is freed for what follows (the report), and the
+        C allocator asked to return it to the system (malloc_trim)."""
         self.replays = [None] * len(self.replays)
         for m in self.members:
             m.replay = None
+        give_back_freed_memory()
 
     def close(self) -> None:
         if self._closed:
