@@ -270,30 +270,35 @@ def test_pinning_a_part_where_it_was_not_profiled():
 def test_prefetch_is_priced_and_planned_as_the_profile_measured_it():
     """Local schedule: the prefetch thread overlaps sampling with learning only where the profile measured
     its learner loop faster with it; otherwise the model prices the draw in line and the plan turns it off.
-    Prioritized replay prefetches only where the priority lag leaves room (exact PER never does)."""
+    Prioritized replay prefetches only where the priority lag leaves room (exact PER never does), and a CPU
+    learner's thread only where the actors and the learner's threads leave it a core."""
     import dataclasses
 
     from hetrl.planner.profile import prefetch_key
 
     per = dataclasses.replace(WORK, prioritized=True, priority_lag=1)
     plan_ = Plan("local", 1, 1, threads=1)
-    in_line = predict(plan_, synthetic_table(), dataclasses.replace(per, prefetch=False), cores=2)
-    unmeasured = predict(plan_, synthetic_table(), per, cores=2)           # no figure: the runtime's default, on
+    in_line = predict(plan_, synthetic_table(), dataclasses.replace(per, prefetch=False), cores=3)
+    unmeasured = predict(plan_, synthetic_table(), per, cores=3)           # no figure: the runtime's default, on
     assert unmeasured.times["main_per_grad"] < in_line.times["main_per_grad"]
     exact = dataclasses.replace(per, priority_lag=0)
-    assert predict(plan_, synthetic_table(), exact, cores=2).times["main_per_grad"] == \
-        pytest.approx(predict(plan_, synthetic_table(), dataclasses.replace(exact, prefetch=False), cores=2)
+    assert predict(plan_, synthetic_table(), exact, cores=3).times["main_per_grad"] == \
+        pytest.approx(predict(plan_, synthetic_table(), dataclasses.replace(exact, prefetch=False), cores=3)
                       .times["main_per_grad"])
-    assert search(synthetic_table(), exact, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=2).prefetch is False
+    assert search(synthetic_table(), exact, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=3).prefetch is False
     for pays in (False, True):
         t = synthetic_table()
         t.data["prefetch"] = {prefetch_key(True, 1): {"group": 1, "serial_s": 5e-4, "prefetch_s": 5.4e-4 if not pays
                                                       else 4.6e-4, "chosen": pays}}
-        got = predict(plan_, t, per, cores=2)
+        got = predict(plan_, t, per, cores=3)
         want = unmeasured if pays else in_line
         assert got.times["main_per_grad"] == pytest.approx(want.times["main_per_grad"])
-        r = search(t, per, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=2)
+        r = search(t, per, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=3)
         assert r.prefetch is pays and r.profile["prefetch"]["chosen"] is pays
-        assert search(t, dataclasses.replace(per, prefetch=False), pins={"schedule": "local"}, cores=2).prefetch is False
+        assert search(t, dataclasses.replace(per, prefetch=False), pins={"schedule": "local"}, cores=3).prefetch is False
+        busy = search(t, per, pins={"schedule": "local", "actors": 1, "threads": 1}, cores=2)   # no core left
+        assert busy.prefetch is False and busy.profile["prefetch"]["no_core"] is pays
+        assert predict(plan_, t, per, cores=2).times["main_per_grad"] == pytest.approx(
+            predict(plan_, t, dataclasses.replace(per, prefetch=False), cores=2).times["main_per_grad"])
     # the uniform loop's figure is another entry: a prioritized one does not decide it
     assert t.prefetch_pays("cpu", False, 32) and not synthetic_table().prefetch("cpu", True, 1)

@@ -28,8 +28,10 @@ def _prefetch(measured: dict, on: bool) -> str:
     what = "next group drawn by a prefetch thread during the update" if on else "next group drawn in line"
     if "serial_s" not in measured:
         return what
+    why = ("; no core left for the thread: the actors and the learner's threads hold them all"
+           if measured.get("no_core") else "")
     return (f"{what} (measured us per group of {measured['group']}: in line {measured['serial_s'] * 1e6:,.0f}, "
-            f"prefetched {measured['prefetch_s'] * 1e6:,.0f})")
+            f"prefetched {measured['prefetch_s'] * 1e6:,.0f}{why})")
 
 
 def _kernel(choice: dict) -> list[str]:

@@ -23,7 +23,8 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     g  = s + l + u + y               main process, wall time per gradient step
        = max(s, l) + u + y           local with prefetch: sampling overlaps learning (PEARL's max),
                                      where the profile measured the prefetch thread faster than the
-                                     draw in line for a learner on L (else the plan turns it off);
+                                     draw in line for a learner on L and, for a CPU learner, the
+                                     actors and its threads leave it a core (else the plan turns it off);
                                      never with exact PER (priority_lag 0): a batch is drawn only
                                      once every earlier batch's priorities are written
     gc = s + t l + u + y             main process, core-seconds per gradient step
@@ -207,12 +208,17 @@ def _per_publish(plan: Plan, work: Workload) -> int:
     return max(1, work.grads_per_phase * work.publish_interval)
 
 
-def prefetches(plan: Plan, table: ProfileTable, work: Workload) -> bool:
+def prefetches(plan: Plan, table: ProfileTable, work: Workload, cores: float | None = None) -> bool:
     """Whether the plan's learner loop draws its next group in a prefetch thread: the local schedule,
-    allowed by the settings and the priority lag, and measured faster than the draw in line (profile)
-    for its learner."""
+    allowed by the settings and the priority lag, measured faster than the draw in line (profile) for its
+    learner, and, for a CPU learner, with a core the actor processes and the learner's threads leave free
+    (`cores`: ours, default the profiled machine's). The profile times the thread beside the learner alone;
+    where the actors hold the other cores it takes turns on the learner's core instead (a TD3 run on 2 cores,
+    one actor process and a one-thread learner, ran 1.35x slower with the thread than without)."""
     group = learner_group(plan, work)
-    return plan.schedule != "inline" and work.prefetch and prefetch_fits(group, work.prioritized, work.priority_lag) \
+    free = plan.learner_device != "cpu" or plan.actors + plan.threads < (table.cores if cores is None else cores)
+    return plan.schedule != "inline" and work.prefetch and free \
+        and prefetch_fits(group, work.prioritized, work.priority_lag) \
         and table.prefetch_pays(plan.learner_device, work.prioritized, group)
 
 
@@ -253,7 +259,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1
-    prefetch = prefetches(plan, T, work)
+    prefetch = prefetches(plan, T, work, C)
     g = (max(s, l) if prefetch else s + l) + u + y
     gc = s + t_learn * l + u + y
     m, mc = i + rr * g, i + rr * gc

@@ -407,7 +407,9 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                        "env_backend": table.data.get("env_backend", {}),
                        "prefetch": {**table.prefetch(best.plan.learner_device, work.prioritized,
                                                      learner_group(best.plan, work)),
-                                    "on": prefetches(best.plan, table, work)},
+                                    "on": prefetches(best.plan, table, work, cores),
+                                    "no_core": prefetches(best.plan, table, work, float("inf"))
+                                    and not prefetches(best.plan, table, work, cores)},
                        # the learner figure the prediction used: profiled x the last run's factor
                        "learner_calibration": table.calibration(best.plan.learner_device)},
                       table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)
