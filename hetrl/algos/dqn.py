@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetrl.algorithm import Algorithm, is_image
-from hetrl.algos.nets import FlatAdam, NatureCNN, live_state, load_weights, mlp, soft_update
+from hetrl.algos.nets import FlatAdam, NatureCNN, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config
 from hetrl.errors import UsageError
 from hetrl.sb3compat import REPLAY, TAIL, SB3Compat
@@ -146,6 +146,7 @@ class DQN(Algorithm):
         self.q_target = self._net().to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
+        self.q_target_flat = flatten(self.q_target)     # laid out as the optimizer's buffer of q: one update
         self.opt = FlatAdam(self.q, cfg.lr, cfg.max_grad_norm)
 
     def _net(self) -> QNetwork:
@@ -176,7 +177,7 @@ class DQN(Algorithm):
         while acting, so several crossings in one collect equal one update)."""
         k = self.cfg.target_update_interval
         if after // k > before // k:
-            soft_update(self.q_target, self.q, self.cfg.tau)
+            soft_update(self.q_target_flat, self.opt.flat, self.cfg.tau)
 
     # ---- learning side -----------------------------------------------------------------
     @torch.no_grad()

@@ -24,7 +24,7 @@ from hetrl.kernels.compiled.head import (
     program,
     vector_obs,
 )
-from hetrl.kernels.compiled.layers import Program, compile_program, order_offsets
+from hetrl.kernels.compiled.layers import Program
 
 try:
     import numba
@@ -49,7 +49,7 @@ class DQNHead(Head):
         opt = optimizer(algo.opt, "the Q network")
         q = program(algo.q.q, opt.flat, "the Q network")
         covers(opt, q.count, "the Q network")
-        tq = compile_program(algo.q_target.q, order_offsets(algo.q_target), "the target Q network")
+        tq = program(algo.q_target.q, algo.q_target_flat, "the target Q network")
         if not ((tq.ops == q.ops).all() and (tq.fc == q.fc).all()):
             raise Declined("the target Q network is not laid out as the Q network")
         return {"q": q, "opt": opt}
@@ -59,7 +59,6 @@ class DQNHead(Head):
         p = self.programs(algo)
         self.q: Program = p["q"]
         self.opt = p["opt"]
-        self.target_params = list(algo.q_target.parameters())   # (loads copy into them in place)
 
     def _lane_buffers(self, B: int, nl: int, n: int) -> tuple:
         def make():
@@ -74,7 +73,7 @@ class DQNHead(Head):
         (flat, grad, m, v, step), (lr, beta1, beta2, eps) = self.opt.get()
         ws, lane_g = self._lane_buffers(B, nl, flat.shape[0])
         with torch.no_grad():
-            target_flat = torch.cat([p.reshape(-1) for p in self.target_params]).numpy()
+            target_flat = algo.q_target_flat.numpy()   # (the target's parameters are views of it)
             td = np.empty((K, B), np.float32)
             next_q = np.empty((K, B, self.q.n_out), np.float32)
             phase(f32(b["obs"], K, B), np.ascontiguousarray(b["action"].numpy(), np.int64), f32kb(b["reward"]),
