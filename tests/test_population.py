@@ -235,5 +235,5 @@ def test_freed_heap_memory_is_given_back_to_the_system():
     blocks = [bytearray(16384) for _ in range(4000)]   # 64 MB of heap blocks, written
     del blocks[::2]                                     # 32 MB of holes between the blocks left
     held = rss_mb()
-    assert give_back_freed_memory()
+    give_back_freed_memory()
     assert held - rss_mb() > 16, "the holes' pages stayed in the process"

@@ -92,15 +92,15 @@ def give_back_freed_memory() -> bool:
     """Ask the C allocator to return the free memory it holds to the system (glibc's malloc_trim), after a
     large release (a population's replays before its report): glibc serves arrays of up to 32 MB from its
     heap once a free has raised its mmap threshold, and such memory, once freed, stays in the process's RSS
-    until trimmed. False where there is no glibc (macOS, Windows, musl)."""
+    until trimmed. True where it asked (glibc), False where there is no glibc (macOS, Windows, musl)."""
     import ctypes
     import ctypes.util
     import gc
 
     gc.collect()
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)   # 1: memory released, 0: none
+        return True
     except (OSError, AttributeError, TypeError):
         return False
 
