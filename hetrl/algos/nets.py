@@ -98,10 +98,15 @@ class FlatState(dict):
     flat: torch.Tensor | None = None
     sig: tuple = ()
 
+    @staticmethod
+    def signature(state: dict[str, torch.Tensor]) -> tuple:
+        """The names, shapes and dtypes of `state` (a FlatState's own `sig`, kept)."""
+        return getattr(state, "sig", None) or tuple((k, tuple(v.shape), v.dtype) for k, v in state.items())
+
     @classmethod
     def of(cls, state: dict[str, torch.Tensor]) -> FlatState:
         out = cls(state)
-        out.sig = tuple((k, tuple(v.shape), v.dtype) for k, v in state.items())
+        out.sig = FlatState.signature(state)
         out.flat = _span(list(state.values()))
         return out
 
@@ -115,7 +120,7 @@ class FlatState(dict):
         """Copy `state` (the same names and shapes, in order) into these tensors: one copy where both are spans of
         the same layout."""
         src = getattr(state, "flat", None)
-        if src is not None and self.flat is not None and state.sig == self.sig:
+        if src is not None and self.flat is not None and FlatState.signature(state) == self.sig:
             self.flat.copy_(src)
             return
         for t, v in zip(self.values(), state.values()):
@@ -163,8 +168,7 @@ def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     both lie in one buffer each (a published FlatState into a flattened network, as the compiled acting
     makes it); any other state goes through load_state_dict, which says what differs."""
     own = live_state(module)
-    if getattr(state, "sig", None) != own.sig and (tuple(own) != tuple(state) or any(
-            t.shape != v.shape for t, v in zip(own.values(), state.values()))):
+    if FlatState.signature(state) != own.sig:
         module.load_state_dict(state)
         return
     own.copy_from(state)

@@ -35,11 +35,11 @@ def host_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
-def flat_host_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """host_copy, but of a FlatState whose tensors lie in one buffer: a FlatState in one buffer of its own."""
+def flat_host_copy(state: dict[str, torch.Tensor]) -> FlatState:
+    """host_copy as a FlatState; of one whose tensors lie in one buffer, in one buffer of its own."""
     flat = getattr(state, "flat", None)
     if flat is None:
-        return host_copy(state)
+        return FlatState.of(host_copy(state))
     buf, out, o = flat.detach().to("cpu", copy=True), {}, 0
     for k, v in state.items():
         out[k] = buf[o:o + v.numel()].view(v.shape)
@@ -50,7 +50,7 @@ def flat_host_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class InProcessParameterStore:
     def __init__(self) -> None:
         self.version = -1
-        self._state: dict[str, torch.Tensor] | None = None
+        self._state: FlatState | None = None
 
     def publish(self, state: dict[str, torch.Tensor]) -> int:
         # actors act on the CPU, from weights the learner cannot change: a host copy, into the buffers of the
@@ -58,12 +58,8 @@ class InProcessParameterStore:
         # a state whose tensors lie in one buffer (a FlatState) is kept as one, and copied as one
         old = self._state
         with torch.no_grad():
-            if isinstance(old, FlatState) and old.flat is not None and getattr(state, "sig", None) == old.sig:
+            if old is not None and FlatState.signature(state) == old.sig:
                 old.copy_from(state)
-            elif old is not None and list(old) == list(state) and all(
-                    o.shape == v.shape and o.dtype == v.dtype for o, v in zip(old.values(), state.values())):
-                for o, v in zip(old.values(), state.values()):
-                    o.copy_(v.detach())
             else:
                 self._state = flat_host_copy(state)
         self.version += 1
