@@ -397,6 +397,7 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
     if best.power_source != "measured":
         notes.append(f"power is {best.power_source} (no RAPL/NVML reading for every device used): "
                      "see hetrl/planner/power.py for the table")
+    prefetch_on = prefetches(best.plan, table, work, cores)
     return PlanResult(best.plan, best, distinct(ranked, objective, top), bottleneck_words(best, cores), objective,
                       cores, work,
                       pins, notes, len(plans),
@@ -407,9 +408,8 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                        "env_backend": table.data.get("env_backend", {}),
                        "prefetch": {**table.prefetch(best.plan.learner_device, work.prioritized,
                                                      learner_group(best.plan, work)),
-                                    "on": prefetches(best.plan, table, work, cores),
-                                    "no_core": prefetches(best.plan, table, work, float("inf"))
-                                    and not prefetches(best.plan, table, work, cores)},
+                                    "on": prefetch_on,
+                                    "no_core": not prefetch_on and prefetches(best.plan, table, work, float("inf"))},
                        # the learner figure the prediction used: profiled x the last run's factor
                        "learner_calibration": table.calibration(best.plan.learner_device)},
                       table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)
