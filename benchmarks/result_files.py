@@ -11,7 +11,8 @@
   GPU's name; `HETRL_MACHINE=key` overrides);
 - commit: the short commit of the code measured.
 
-A plot or a summary of a result shares its JSON's stem (`..._755ff3a.png`, `..._755ff3a.txt`).
+A plot or a summary of a result shares its JSON's stem (`..._755ff3a.png`, `..._755ff3a.txt`); a second one
+adds `-<part>` (`..._755ff3a-sweep.png`).
 `python benchmarks/results_md.py` reads these files and writes docs/results.md.
 """
 
@@ -27,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 PSEUDO = ("train", "notes")   # not scripts: `hetrl train` runs, and figures kept by hand
-_REST = re.compile(r"^(?:(?P<case>[a-z0-9+-]+)_)?(?P<date>\d{4}-\d{2}-\d{2})_(?P<machine>[a-z0-9-]+)_(?P<commit>[0-9a-z]+)$")
+_REST = re.compile(r"^(?:(?P<case>[a-z0-9+-]+)_)?(?P<date>\d{4}-\d{2}-\d{2})_(?P<machine>[a-z0-9-]+)_(?P<commit>[0-9a-z]+)(?:-(?P<part>[a-z0-9-]+))?$")
 
 
 def benchmarks() -> list[str]:
@@ -37,7 +38,7 @@ def benchmarks() -> list[str]:
 
 
 def parse(name: str) -> dict | None:
-    """{benchmark, case, date, machine, commit} of a file name under the scheme, else None."""
+    """{benchmark, case, date, machine, commit, part} of a file name under the scheme, else None."""
     stem = name.split(".", 1)[0] if "." in name else name
     for bench in benchmarks():
         if stem.startswith(bench + "_"):
@@ -49,10 +50,9 @@ def parse(name: str) -> dict | None:
 
 def _slug_one(case: str) -> str:
     parts = case.split(":")
-    if len(parts) >= 2:   # ALGO:ENV[:STEPS[:key=value]]: the algorithm and the env's name without its version
-        env = parts[1].rsplit("/", 1)[-1]
-        env = re.sub(r"-v\d+$", "", env)
-        case = f"{parts[0]}-{env}"
+    if len(parts) >= 2:   # ALGO:ENV[:STEPS[:key=value]]: the algorithm and the env's name
+        case = f"{parts[0]}-{parts[1].rsplit('/', 1)[-1]}"
+    case = re.sub(r"-v\d+$", "", case)   # without its version
     return re.sub(r"[^a-z0-9]+", "-", case.lower()).strip("-")
 
 
@@ -105,8 +105,10 @@ def commit() -> str:
         return "nocommit"
 
 
-def result_path(benchmark: str, cases="", ext: str = "json", folder: Path | None = None) -> Path:
+def result_path(benchmark: str, cases="", ext: str = "json", folder: Path | None = None,
+                machine: str | None = None) -> Path:
     """Where a benchmark writes its result by default: benchmarks/results/<the scheme>.<ext>."""
     case = case_slug(cases)
-    name = "_".join([benchmark] + ([case] if case else []) + [time.strftime("%Y-%m-%d"), machine_key(), commit()])
+    name = "_".join([benchmark] + ([case] if case else []) + [time.strftime("%Y-%m-%d"), machine or machine_key(),
+                                                              commit()])
     return Path(folder or RESULTS) / f"{name}.{ext}"

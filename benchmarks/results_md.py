@@ -454,7 +454,7 @@ def load(folder: Path = RESULTS) -> tuple[list[Result], list[str]]:
             problems.append(f"{rel}: machine '{name['machine']}' is not in benchmarks/results/machines.json; add it")
         if path.suffix != ".json":
             continue
-        stems.add(path.with_suffix(""))
+        stems.add((path.parent, *(name[k] for k in ("benchmark", "case", "date", "machine", "commit"))))
         try:
             doc = json.loads(path.read_text())
             extract = EXTRACTORS.get(name["benchmark"])
@@ -468,8 +468,9 @@ def load(folder: Path = RESULTS) -> tuple[list[Result], list[str]]:
         if not command_of(doc, name["benchmark"]):
             problems.append(f"{rel}: no \"command\" in the file; add the command that made it")
         results.append(Result(path, name, doc, entries, lead, _time_of_day(doc)))
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix not in (".json",)):
-        if parse(path.name) and path.with_suffix("") not in stems:
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".json"):
+        name = parse(path.name)
+        if name and (path.parent, *(name[k] for k in ("benchmark", "case", "date", "machine", "commit"))) not in stems:
             problems.append(f"{path.relative_to(folder)}: no result JSON of the same name beside it")
     return results, problems
 
@@ -480,7 +481,7 @@ def _commit_time(commit: str) -> int:
 
 
 def latest(results: list[Result]) -> tuple[dict, list[str]]:
-    """{id(result): its entries still current}, and the files none of whose entries is (superseded)."""
+    """{id(result): its entries still current}, and the results none of whose entries is (superseded)."""
     groups = {}
     for r in results:
         for e in r.entries:
@@ -495,8 +496,7 @@ def latest(results: list[Result]) -> tuple[dict, list[str]]:
         for i, (r, e) in enumerate(members):
             if not any(f.measures >= e.measures for _, f in members[i + 1:]):
                 current[id(r)].append(e)
-    superseded = [str(r.path.relative_to(RESULTS)) for r in results if not current[id(r)]]
-    return current, superseded
+    return current, [r for r in results if not current[id(r)]]
 
 
 # --- writing ---------------------------------------------------------------------------------------------------
@@ -620,7 +620,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     results, problems = load()
     current, superseded = latest(results)
-    problems += [f"{s}: superseded by a newer result of the same case and machine; remove it (git rm)" for s in superseded]
+    problems += [f"{r.path.relative_to(RESULTS)}: superseded by a newer result of the same case and machine; "
+                 "remove it (git rm)" for r in superseded]
     text = page(results, current)
     n = text.count("\n")
     if n > MAX_LINES:
