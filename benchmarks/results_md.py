@@ -279,7 +279,12 @@ def bench_ray(doc):
         entries.append(Entry("schedules", "ray-schedule",
                              f"DQN CartPole-v1 {steps_k(s['steps'])}: ray {num(s['median']['ray']['env_steps_per_s'])}, local "
                              f"{num(s['median']['local']['env_steps_per_s'])} env steps/s (**{ratio(s['ray_vs_local'])}**)"))
-    if "median" in doc and "what" in doc:   # the prioritized-replay comparison
+    if "per" in doc:
+        s = doc["per"]
+        figs = ", ".join(f"{k} {num(v['env_steps_per_s_learning'])}" for k, v in s["median"].items())
+        entries.append(Entry("schedules", "ray-per", f"DQN CartPole-v1 {steps_k(s['steps'])}, prioritized replay, ray "
+                                                     f"schedule, env steps/s while learning: {figs}"))
+    if "median" in doc and "what" in doc:   # the prioritized-replay comparison as first kept
         figs = ", ".join(f"{k} {num(v)}" for k, v in doc["median"].items())
         entries.append(Entry("schedules", "ray-per", f"{doc['what']}; {doc['figure'].split(':')[0]}: {figs}"))
     return "", entries
@@ -288,7 +293,8 @@ def bench_ray(doc):
 def bench_policy_lag(doc):
     by = {}
     for r in doc["runs"]:
-        by.setdefault(r["variant"], []).append(r)
+        if "error" not in r:
+            by.setdefault(r["variant"], []).append(r)
     parts = []
     for v, rs in by.items():
         parts.append(f"{v}: best {' / '.join(ret(r['best']) for r in rs)}, last {' / '.join(ret(r['final']) for r in rs)}, "
@@ -367,6 +373,13 @@ def soak(doc):
     return "", [Entry("memory", "soak", text)]
 
 
+def bench_shared_cpu(doc):
+    text = (f"DQN CartPole-v1 alone, then beside a competing torch training: {num(doc['solo_env_steps_per_s'])} env "
+            f"steps/s alone, {num(doc['shared_env_steps_per_s'])} beside it (**{doc['ratio']:.2f}** of alone); learner "
+            f"threads planned {doc.get('learner_threads_planned')}, at least {doc.get('learner_threads_min')}")
+    return "", [Entry("memory", "shared-cpu", text)]
+
+
 def gpu_check(doc):
     st = doc["stages"]
     parts = []
@@ -423,7 +436,7 @@ def notes(doc):
 EXTRACTORS = {f.__name__: f for f in (bench_sb3, bench_learner_kernels, bench_sac_td3_update, bench_cnn_layout,
                                       bench_atari_memory, bench_population, bench_versions, bench_local, bench_ray,
                                       bench_policy_lag, bench_planner, bench_learning, bench_sb3_api, tabular_scaling,
-                                      soak, gpu_check, train, notes)}
+                                      soak, bench_shared_cpu, gpu_check, train, notes)}
 
 
 # --- reading the results ---------------------------------------------------------------------------------------
