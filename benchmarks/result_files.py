@@ -65,9 +65,14 @@ def case_slug(cases) -> str:
 
 
 def machine_key() -> str:
-    """The machines.json key of this machine: HETRL_MACHINE, else the CPU's vendor and vector units."""
+    """The machines.json key of this machine: HETRL_MACHINE, else its NVIDIA GPU's model (a GPU machine's
+    host CPU is that machine too), else the CPU's vendor and vector units."""
     if os.environ.get("HETRL_MACHINE"):
         return os.environ["HETRL_MACHINE"]
+    for info_file in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        model = re.search(r"^Model:\s*(.+)$", info_file.read_text(errors="replace"), re.M)
+        if model:
+            return gpu_key(model.group(1).strip())
     info = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -93,7 +98,10 @@ def machine_key() -> str:
 def gpu_key(device_name: str) -> str:
     """`NVIDIA H100 80GB HBM3` -> `h100`."""
     m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device_name)
-    return (m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")).lower()
+    if m:
+        return m.group(1).lower()
+    words = [w for w in re.split(r"[^a-z0-9]+", device_name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    return "-".join(words) or "gpu"
 
 
 def commit() -> str:

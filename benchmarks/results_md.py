@@ -299,8 +299,10 @@ def bench_policy_lag(doc):
     for v, rs in by.items():
         parts.append(f"{v}: best {' / '.join(ret(r['best']) for r in rs)}, last {' / '.join(ret(r['final']) for r in rs)}, "
                      f"lag mean {num(med(r['lag_mean'] for r in rs))}, {num(med(r['env_steps_per_s'] for r in rs))} env steps/s")
-    return "DQN CartPole-v1 50k, local schedule, seeds " + ", ".join(str(r["seed"]) for r in next(iter(by.values()))) + ":", \
-        [Entry("schedules", "policy-lag", "; ".join(parts))]
+    first = next(iter(by.values()))
+    steps = re.search(r"--steps (\d+)", first[0].get("command", ""))
+    return (f"DQN CartPole-v1 {steps_k(int(steps.group(1))) if steps else ''}, local schedule, seeds "
+            + ", ".join(str(r["seed"]) for r in first) + ":"), [Entry("schedules", "policy-lag", "; ".join(parts))]
 
 
 def bench_planner(doc):
