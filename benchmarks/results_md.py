@@ -612,8 +612,9 @@ def readme_table(results: list[Result], current: dict) -> str:
         gpu.append(f"{machines[r.name['machine']]['short']}, {r.name['date']}: {num(g)} updates/s, {g / cpu:.1f}x one CPU thread "
                    f"of its host")
     text = ("hetrl's env steps/s over SB3's / over SBX's, whole runs on the zoo presets, the median of the rounds "
-            "(`python benchmarks/bench_sb3.py --libs hetrl,sb3,sbx --rounds 3 --cases CASE`; Breakout: "
-            "`--libs hetrl,sb3 --rounds 2`; CrossQ: `--libs hetrl,sbx`, SBX's CrossQ):")
+            "(`python benchmarks/bench_sb3.py --libs hetrl,sb3,sbx --rounds 3 --cases ALGO:ENV:STEPS`; Breakout: "
+            "`--libs hetrl,sb3 --rounds 2 --cases dqn:ALE/Breakout-v5:25000:learning_starts=5000`; CrossQ: "
+            "`--libs hetrl,sbx`, SBX's CrossQ):")
     out = [README_BEGIN, text, "", *L]
     if gpu:
         out += ["", "The DQN CartPole-v1 learner alone replayed as one CUDA graph (`python3 benchmarks/gpu_check.py`): "
