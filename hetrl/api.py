@@ -121,7 +121,7 @@ class Run:
         from hetrl.runtime import make_schedule
 
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
-        # `schedule`: one made elsewhere (a population's member); else the one cfg.schedule names
+        # `schedule`: one made elsewhere (a population's member); else the one cfg.system.schedule names
         self.schedule = schedule if schedule is not None else make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
         self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
@@ -180,7 +180,7 @@ class Run:
         (returns False to stop the run) and `training_end(run)`, called in this process at phase boundaries.
         Ctrl-C or SIGTERM stops at the end of the current phase and saves."""
         s, core = self.schedule, self.schedule.core
-        logger = Logger(self.out, self.cfg.steps, self.cfg.log_interval, progress, start_step=s.c.env_steps)
+        logger = Logger(self.out, self.cfg.steps, self.cfg.system.log_interval, progress, start_step=s.c.env_steps)
         self.evaluations.start(s.c.env_steps)
         self.interrupted = False
         core.start_clock()
@@ -270,7 +270,7 @@ class Run:
     def _result(self) -> dict:
         best = self.best
         return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
-                "schedule": self.cfg.schedule, **self.schedule.figures(),
+                "schedule": self.cfg.system.schedule, **self.schedule.figures(),
                 "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
                 "device": str(self.schedule.device), "interrupted": self.interrupted,
                 "eval_s": self.evaluations.seconds, "policy": "best" if self.cfg.keep_best and best else "last",
@@ -363,10 +363,10 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     if allow_more_envs and "num_envs" in settings:
         note(f"num_envs={cfg.num_envs} was set by hand: the planner keeps it (--allow-more-envs ignored)")
         allow_more_envs = False
-    pins = pins_from_settings({k: v for k, v in settings.items() if k != "schedule"} if cfg.schedule == "ray"
+    pins = pins_from_settings({k: v for k, v in settings.items() if k != "schedule"} if cfg.system.schedule == "ray"
                               else settings)
     cores = None
-    if cfg.schedule == "ray":  # plan the cluster's CPUs as one pool of actors around the learner
+    if cfg.system.schedule == "ray":  # plan the cluster's CPUs as one pool of actors around the learner
         from hetrl.runtime.ray_schedule import cluster_cpus, connect
 
         connect(cfg)
@@ -375,7 +375,7 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
                   env=env if env is not None and not isinstance(env, str) else None)
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
-    sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
+    sched = p.schedule if cfg.system.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
     at = "with more envs than the preset's" if result.learning_changes else "at the preset's settings"
     note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
@@ -385,11 +385,11 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
             note(line)
     chosen = result.system_settings(cfg, pinned=settings)
     new = result.apply(cfg, pinned=settings)
-    if cfg.schedule == "ray":
+    if cfg.system.schedule == "ray":
         from hetrl.runtime.ray_schedule import cluster_env_backend
 
-        backend, why = cluster_env_backend(new.env_backend)   # measured here; the actors may run on any node
-        new = dataclasses.replace(new, schedule="ray", env_backend=backend)
+        backend, why = cluster_env_backend(new.system.env_backend)   # measured here; the actors may run on any node
+        new = new.replace(schedule="ray", env_backend=backend)
         if why:
             note(why)
     before, after = cfg.to_dict(), new.to_dict()
@@ -481,8 +481,8 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
                                      progress, hyperparams, **settings)
     if progress:
-        print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.schedule}, "
-              f"device {cfg.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
+        print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.system.schedule}, "
+              f"device {cfg.system.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
               file=sys.stderr)
     run = Run(cfg, env, out_path, save_replay, plan_info=planned)
     run.learn(progress=progress, callback=callback)

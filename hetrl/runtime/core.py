@@ -148,7 +148,7 @@ class LearnerCore:
         setup_process(cfg.seed, threads)
         # a learner of several threads drops to the cores other work leaves it, during the run
         self.governor = ThreadGovernor(max(1, threads))
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.system.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(cfg, self.obs_space, self.act_space)
@@ -164,7 +164,7 @@ class LearnerCore:
                                                 arrays=self.storage_arrays)
         self.c = Counters()
         self.params: ParameterStore | None = None
-        self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
+        self.publish_every = max(1, cfg.system.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
         self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
@@ -216,7 +216,7 @@ class LearnerCore:
         cfg = self.cfg
         return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
                             alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers,
-                            check_finite=cfg.check_finite, frames=self.frames)
+                            check_finite=cfg.system.check_finite, frames=self.frames)
 
     def insert(self, replay: ReplayBuffer, batch: dict, actor: int = 0) -> None:
         """Insert an actor's batch; non-finite data stops the run with where it came from."""
@@ -239,7 +239,7 @@ class LearnerCore:
         restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
-        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.env_backend)
+        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend)
 
     # ---- acting side ----------------------------------------------------------------------------
     def exploration(self, base: int, n: int, envs: int) -> list:
@@ -345,7 +345,7 @@ class LearnerCore:
         c = self.c
         if self.learn_mark is None:
             self.learn_mark = (self.elapsed() - seconds, c.env_steps)
-        if self.cfg.check_finite and not _all_finite(td):
+        if self.cfg.system.check_finite and not _all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
@@ -441,7 +441,7 @@ class LearnerCore:
         self._in_flight.clear()       # grants made before the load belong to actors that start again
         self.reserved = 0
         saved = state.get("kernel")   # a resumed run keeps the kernel it was started with (where it applies here)
-        if saved and self.cfg.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
+        if saved and self.cfg.system.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
             self._use_kernel(kernels.choose(self.cfg, self.twin, self.obs_space, self.act_space, self.spec,
                                             self.device, 1, algo=self.algo, saved=saved))
         known = {f.name for f in fields(Counters)}

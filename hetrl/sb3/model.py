@@ -41,7 +41,7 @@ from hetrl import api
 from hetrl.actors.envs import env_name, prepare_env, probe_spaces, raw_observation_space
 from hetrl.algos import make_algorithm
 from hetrl.checkpoint import FORMAT, read_checkpoint, save_run
-from hetrl.config import SYSTEM_KEYS, make_config, settings_class
+from hetrl.config import SYSTEM_KEYS, keys, make_config, settings_class
 from hetrl.errors import UsageError
 from hetrl.sb3 import args as sb3args
 from hetrl.sb3 import envs as sb3envs
@@ -94,7 +94,7 @@ class OffPolicyModel:
         pname = sb3args.policy_name(policy, self.algo)
         conv = sb3envs.convert(env)
         own = {k: extra.pop(k) for k in OWN if k in extra}
-        fields = {f.name for f in dataclasses.fields(settings_class(self.algo))}
+        fields = set(keys(settings_class(self.algo)))
         for k, v in extra.items():
             if k not in fields:
                 raise UsageError(f"{type(self).__name__}(): unknown argument {k!r}; SB3's arguments are "
@@ -294,16 +294,16 @@ class OffPolicyModel:
 
     def _kernel_for_lr(self, cfg):
         """A callable learning_rate changes lr between learner calls, which a captured CUDA graph would not see."""
-        if self._lr_fn is None or cfg.learner_kernel not in ("auto", "cuda_graph"):
+        if self._lr_fn is None or cfg.system.learner_kernel not in ("auto", "cuda_graph"):
             return cfg
         from hetrl.runtime.core import resolve_device
 
-        if resolve_device(cfg.device).type != "cuda":
+        if resolve_device(cfg.system.device).type != "cuda":
             return cfg
-        if cfg.learner_kernel == "cuda_graph":
+        if cfg.system.learner_kernel == "cuda_graph":
             raise UsageError("learning_rate as a callable with learner_kernel=cuda_graph: a captured graph keeps lr "
                              "fixed; pass a float (or 'lin_X'), or learner_kernel='public'")
-        return dataclasses.replace(cfg, learner_kernel="public")
+        return cfg.replace(learner_kernel="public")
 
     def _state_for_run(self, run: api.Run, zero_counters: bool) -> dict | None:
         """What a new Run loads: the model's networks (unless as built), its counters (zero with
@@ -461,7 +461,7 @@ class OffPolicyModel:
             counters = dataclasses.asdict(Counters(**{k: v for k, v in ((self._pending or {}).get("counters") or
                                                                         {"env_steps": self.num_timesteps}).items()
                                                       if k in Counters.__dataclass_fields__}))
-            cfg = dataclasses.replace(self._cfg0, steps=max(1, self.num_timesteps))
+            cfg = self._cfg0.replace(steps=max(1, self.num_timesteps))
             state = {"algo": self._algo_obj.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
             save_run(d, config=cfg.to_dict(), env=cfg.env, state=state, result={"algo": self.algo, "env": cfg.env})
         meta = {"format": MODEL_FORMAT, "class": type(self).__name__, "algo": self.algo, "policy": self.policy_class,
@@ -498,7 +498,7 @@ class OffPolicyModel:
             own, policy, seed = {}, "MlpPolicy", int(cfgd["seed"])
             sb3 = sb3args.sb3_defaults(algo)
         lr_fn = extras.get("lr_fn")
-        fields = {f.name for f in dataclasses.fields(settings_class(algo))}
+        fields = set(keys(settings_class(algo)))
         for k, v in kwargs.items():
             if k == "learning_rate":
                 settings["lr"], lr_fn, settings["lr_schedule"] = sb3args.learning_rate(v)
