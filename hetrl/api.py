@@ -165,6 +165,35 @@ class Run:
     def last_policy(self) -> Policy:
         return Policy(self.algo, self.cfg, self.env)
 
+    # ---- state between phases (front ends: the SB3-style classes) ---------------------------------------
+    def state_dict(self, with_replay: bool = False) -> dict:
+        """The run's checkpoint state (the learner, its counters and RNG, the actors'; `with_replay`: the replay)."""
+        return self.schedule.state_dict(with_replay=with_replay)
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint state of any schedule, before the first phase (the replay too if it holds one)."""
+        self.schedule.load_state_dict(state)
+
+    def replay_size(self) -> int:
+        """Transitions in the replay."""
+        return len(self.schedule.replay)
+
+    def replay_state_dict(self) -> dict:
+        return self.schedule.replay.state_dict()
+
+    def load_replay_state_dict(self, state: dict) -> None:
+        """A replay saved by replay_state_dict() (the same buffer_size and spaces), between phases."""
+        self.schedule.replay.load_state_dict(state)
+
+    def load_parameters(self, state: dict) -> None:
+        """New parameters and optimizer state (the algorithm's state_dict()) between phases; actors get the policy."""
+        self.schedule.core.load_algo(state)
+
+    def set_lr_schedule(self, fn) -> None:
+        """The learning rate as a function of the progress remaining (1 -> 0), set before each learner call
+        (SB3's callable learning_rate); None: the optimizers keep theirs."""
+        self.schedule.core.lr_at = fn
+
     def extend(self, steps: int) -> None:
         """Train to `steps` env steps in all (a later `learn()` goes on from where this run is)."""
         if steps <= self.env_steps:
@@ -284,12 +313,12 @@ class Run:
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
         """checkpoint.pt (+ replay.pt) and result.json in `path` (hetrl/checkpoint.py)."""
         replay = (self.save_replay and not self._replay_saved) if replay is None else replay
-        state = self.schedule.state_dict(with_replay=False)
+        state = self.state_dict(with_replay=False)
         evals = self.evaluations.state_dict()
         state["best"], state["evaluations"] = evals["best"], evals["history"]
         self.result = {**self._result(), **_evals(self.result)}
         d = save_run(Path(path), config=self.cfg.to_dict(), env=env_name(self.env), state=state, result=self.result,
-                     replay=self.schedule.replay.state_dict() if replay else None)
+                     replay=self.replay_state_dict() if replay else None)
         self._replay_saved = self._replay_saved or bool(replay)
         return d
 
@@ -420,12 +449,12 @@ def prepare(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, s
             hyperparams: str | Path | None = None, **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
     """What `train` does before it trains: the checked config, the run directory (checked writable) and the
     plan: (cfg with the plan's system settings, out, the plan's figures for result.json). `hyperparams`: an
-    rl-baselines3-zoo file (hetrl/zoo.py), under `config` and `settings`."""
+    rl-baselines3-zoo file (hetrl/sb3/zoo.py), under `config` and `settings`."""
     if plan not in ("auto", "none"):
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
     over = _overrides(config, {"steps": steps, "seed": seed, **settings})
     if hyperparams is not None:
-        from hetrl import zoo
+        from hetrl.sb3 import zoo
 
         over = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env), **over}
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
@@ -457,7 +486,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     dynamics change; a num_envs given here is kept); plan="none" runs the settings as given. `out`: a directory
     to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. `hyperparams`: an
     rl-baselines3-zoo hyperparameter file (its entry for the env, SB3's defaults for what it leaves out, instead
-    of hetrl's presets; `config` and the keywords win over it; hetrl/zoo.py). Returns the finished Run,
+    of hetrl's presets; `config` and the keywords win over it; hetrl/sb3/zoo.py). Returns the finished Run,
     evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
 
     `seeds` (a count or a list) and/or `sweep` ({setting: [values]}) train a population, one member per seed x
@@ -471,7 +500,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
             raise UsageError("seed and seeds both given: a population takes its seeds from --seeds (seeds=); "
                              "drop --seed (seed=)")
         if hyperparams is not None:   # the file's settings, under the keywords'
-            from hetrl import zoo
+            from hetrl.sb3 import zoo
 
             settings = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env),
                         **settings}
@@ -535,7 +564,7 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     if replay is not None:
         state["replay"] = replay
     try:
-        run.schedule.load_state_dict(state)
+        run.load_state_dict(state)
     except BaseException:
         run.close()
         raise

@@ -263,8 +263,8 @@ def test_no_file_outside_the_algorithms_and_kernels_names_a_built_in():
     offenders = []
     for path in sorted((ROOT / "hetrl").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(("hetrl/algos/", "hetrl/kernels/")):
-            continue
+        if rel.startswith(("hetrl/algos/", "hetrl/kernels/")) or rel == "hetrl/sb3/compat.py":
+            continue   # (the SB3 front end's table of the built-ins' SB3 facts names them: SB3 ships them)
         offenders += [f"{rel}:{line}: {value}" for line, value in names_in(path) if (rel, value) not in ALLOWED]
     assert not offenders, "\n".join(offenders)
 

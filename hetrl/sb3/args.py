@@ -1,9 +1,9 @@
 """Stable-Baselines3's constructor arguments as hetrl settings: one mapping, used by the SB3-style classes
-(hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/zoo.py).
+(hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/sb3/zoo.py).
 
 `sb3_defaults(algo)` are SB3's (or SB3-contrib's) constructor defaults, filled in where the user gives no
 value: the class API is SB3's contract, not hetrl's presets. What differs between algorithms (defaults, the
-policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3compat.py). `to_settings` turns SB3 arguments into hetrl
+policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3/compat.py). `to_settings` turns SB3 arguments into hetrl
 settings and refuses, with one line naming it, an argument or value hetrl cannot honour.
 
 Units: SB3's train_freq counts calls to the vector env's step() (n_envs transitions each); hetrl's
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetrl import sb3compat
+from hetrl.sb3 import compat as sb3compat
 from hetrl.errors import UsageError
 
 # the arguments after every SB3 off-policy algorithm's own (the class keeps them; no hetrl setting)

@@ -61,7 +61,7 @@ class ReplayBufferView:
     def size(self) -> int:
         m = self._model
         if m.run is not None:
-            return len(m.run.schedule.replay)
+            return m.run.replay_size()
         replay = (m._pending or {}).get("replay")
         return int(replay["storage"]["size"]) if replay else 0
 
@@ -234,7 +234,7 @@ class OffPolicyModel:
     def learn(self, total_timesteps: int, callback=None, log_interval: int = 4, tb_log_name: str | None = None,
               reset_num_timesteps: bool = True, progress_bar: bool = False) -> "OffPolicyModel":
         """Train for total_timesteps env steps (SB3's learn); returns the model."""
-        from hetrl.callbacks import Hook, convert
+        from hetrl.sb3.callbacks import Hook, convert
 
         if self._conv is None:
             raise UsageError(f"this model has no env (loaded without one); pass env= to {type(self).__name__}.load(), "
@@ -282,9 +282,9 @@ class OffPolicyModel:
         try:
             state = self._state_for_run(run, zero_counters=reset)
             if state is not None:
-                run.schedule.load_state_dict(state)
+                run.load_state_dict(state)
             if self._lr_fn is not None:
-                run.schedule.core.lr_at = self._lr_fn
+                run.set_lr_schedule(self._lr_fn)
         except BaseException:
             run.close()
             raise
@@ -326,7 +326,7 @@ class OffPolicyModel:
         if run is None:
             return
         try:
-            state = run.schedule.state_dict(with_replay=True)
+            state = run.state_dict(with_replay=True)
             self._algo_obj = run.algo
             self._pending = {"counters": state["counters"] if keep_counters else {}, "torch_rng": state["torch_rng"],
                              "kernel": state.get("kernel"), "replay": state.get("replay")}
@@ -424,7 +424,7 @@ class OffPolicyModel:
             raise UsageError(f"set_parameters: {sorted(unknown)} are not the model's ({sorted(have)})")
         merged = {**have, **params}
         if self.run is not None:
-            self.run.schedule.core.load_algo(merged)
+            self.run.load_parameters(merged)
         else:
             algo.load_state_dict(merged)
             self._fresh = False
@@ -549,7 +549,7 @@ class OffPolicyModel:
         if p.suffix == "":
             p = p.with_suffix(".pkl")
         p.parent.mkdir(parents=True, exist_ok=True)
-        replay = self.run.schedule.replay.state_dict() if self.run is not None else (self._pending or {}).get("replay")
+        replay = self.run.replay_state_dict() if self.run is not None else (self._pending or {}).get("replay")
         torch.save({"format": "hetrl-replay/1", "replay": replay}, p)
 
     def load_replay_buffer(self, path: str | os.PathLike, truncate_last_traj: bool = True) -> None:
@@ -570,7 +570,7 @@ class OffPolicyModel:
             return
         try:
             if self.run is not None:
-                self.run.schedule.replay.load_state_dict(replay)
+                self.run.load_replay_state_dict(replay)
             else:
                 self._pending = {**(self._pending or {}), "replay": replay}
         except (ValueError, RuntimeError, KeyError) as e:
@@ -668,7 +668,8 @@ _CLASSES: dict[str, type[OffPolicyModel]] = {}
 def class_name(algo: str) -> str:
     """The class name of a registered algorithm: SB3's spelling of its name where it declares one (its
     `sb3.class_name`: DQN, SAC, TD3, DDPG, CrossQ), else its name upper-cased."""
-    from hetrl import registry, sb3compat
+    from hetrl import registry
+    from hetrl.sb3 import compat as sb3compat
 
     return sb3compat.class_name(algo, registry.get(algo))
 
