@@ -35,7 +35,7 @@ from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
 from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, NonFiniteError, UsageError
+from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
@@ -65,6 +65,28 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.device.type == "cpu" and not t.requires_grad and t.dtype in (torch.float32, torch.float64, torch.float16):
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
+    """The protocol's promise of `learn(batches, weights)` (docs/extending.md), checked on a run's first learner
+    call: |TD| comes back as a finite, non-negative float tensor of shape (K, B) and `updates` moved by K. A breach
+    is a LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`."""
+    K, B = int(weights.shape[0]), int(weights.shape[1])
+    where = f"algorithm {algo!r}: learn(batches, weights) of K={K} batches of B={B}"
+    fix = "(docs/extending.md: learn); fix the algorithm's learn"
+    if not isinstance(td, torch.Tensor):
+        raise LearnContractError(f"{where} returned {type(td).__name__}, not |TD| as a float tensor of shape "
+                                 f"({K}, {B}) {fix}")
+    if not td.is_floating_point() or tuple(td.shape) != (K, B):
+        raise LearnContractError(f"{where} returned a {str(td.dtype).removeprefix('torch.')} tensor of shape "
+                                 f"{tuple(td.shape)}, not |TD| as a float tensor of shape ({K}, {B}) {fix}")
+    if advanced != K:
+        raise LearnContractError(f"{where} advanced self.updates by {advanced}, not by K={K}: add K to "
+                                 f"self.updates in learn {fix}")
+    if not _all_finite(td.detach()):
+        raise LearnContractError(f"{where} returned non-finite |TD| on the run's first call {fix}")
+    if bool((td.detach() < 0).any()):
+        raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")
 
 
 def setup_process(seed: int, threads: int) -> None:
@@ -180,6 +202,7 @@ class LearnerCore:
         self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
         self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
+        self._contract_checked = False                     # learn()'s contract, checked on the first call
 
     def twin(self):
         """A new algorithm object of this run's settings and spaces (kernels are checked on twins)."""
@@ -316,7 +339,11 @@ class LearnerCore:
         if self.lr_at is not None:
             self.schedule_lr()
         t0 = time.perf_counter()
+        before = self.algo.updates
         td = self.kernel.learn(stack, weights)
+        if not self._contract_checked:
+            check_learn_contract(self.cfg.algo, td, weights, self.algo.updates - before)
+            self._contract_checked = True
         self.learned(td, weights.shape[0], time.perf_counter() - t0)
         return td
 
