@@ -526,6 +526,7 @@ class Schedule(abc.ABC):
         return self.core.device
 
     PHASE_S = 0.1                  # a phase() returns after about this long (Ctrl-C is seen quickly); 0: one _step
+    _said_actors = False           # the line about a resume without the actors' state was printed
     _closed = False
     _episodes: list
 
@@ -557,6 +558,16 @@ class Schedule(abc.ABC):
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
 
+    def actors_state(self) -> dict:
+        """The actors' state for an exact resume (Actor.state_dict of each: envs, RNGs, pending n-step transitions,
+        acting policies), saved with the replay: {"actors": [...]} or {"unsaved": why} where a schedule's actors
+        cannot be saved; a resumed run then restarts its episodes (seeded from the step count)."""
+        return {"unsaved": f"the {self.name} schedule's actors are not saved"}
+
+    def _load_actors(self, state: dict) -> bool:
+        """Actors as actors_state() saved them, in place of new ones; False where that is not possible here."""
+        return False
+
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
 
@@ -575,9 +586,19 @@ class Schedule(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint of any schedule (one format): the learner, its counters, and the replay if saved."""
         self.core.load_state_dict(state)
+        actors = None
         if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
+            replay = dict(state["replay"])
+            actors = replay.pop("actors", None)
+            self.replay.load_state_dict(replay)
+        if actors is not None and "actors" in actors and self._load_actors(actors):
+            return
         self._restart_actors()
+        if actors is not None and not Schedule._said_actors:
+            Schedule._said_actors = True   # once per process (a population's members share the reason)
+            why = actors.get("unsaved") or f"they were saved by another schedule than {self.name}'s"
+            print(f"hetrl: resuming without the actors' state ({why}): the actors start new episodes, so the "
+                  "run leaves the path of one that never stopped", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "Schedule":
         return self
