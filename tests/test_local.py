@@ -400,3 +400,23 @@ def test_the_same_seed_gives_the_same_run_whatever_the_timing(local):
     assert a.result["evaluations"] == b.evaluations.history and len(b.evaluations.history) >= 4
     timed = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**kw, "reproducible": False})
     assert timed.result["reproducible"] is False
+
+
+def test_stopped_and_resumed_with_its_replay_is_the_run_that_never_stopped(local, tmp_path, stop_at, capfd):
+    """--save-replay + --resume is exact under the local schedule: at a phase boundary the actors are idle and send
+    their state (envs, RNGs, pending n-step transitions, acting policy), which the resumed run's actors take up."""
+    kw = dict(local, steps=1600, actors=2, envs_per_actor=2, eval_episodes=2, eval_interval=400, seed=4, n_step=3,
+              prioritized=True)
+    straight = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, out=tmp_path / "straight", **kw)
+    stopped = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, out=tmp_path / "stopped", save_replay=True,
+                          callback=stop_at(700), **kw)
+    assert stopped.interrupted == "callback" and 700 <= stopped.env_steps < 1600
+    resumed = hetrl.resume(tmp_path / "stopped", progress=False)
+    assert "without the actors' state" not in capfd.readouterr().err
+    assert resumed.env_steps == straight.env_steps == 1600
+    assert torch.equal(params(straight), params(resumed))
+    assert resumed.result["evaluations"] == straight.result["evaluations"] and len(straight.result["evaluations"]) == 4
+
+
+def params(run):
+    return torch.cat([p.detach().flatten() for p in run.algo.q.parameters()])
