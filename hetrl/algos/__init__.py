@@ -8,7 +8,8 @@ import gymnasium as gym
 from hetrl.registry import register_algorithm
 
 # "module:Class" targets: a class is imported (with torch) only when a run asks for it
-for _name, _cls in (("dqn", "DQN"), ("ddpg", "DDPG"), ("td3", "TD3"), ("sac", "SAC"), ("crossq", "CrossQ")):
+for _name, _cls in (("dqn", "DQN"), ("ddpg", "DDPG"), ("td3", "TD3"), ("sac", "SAC"), ("crossq", "CrossQ"),
+                   ("ppo", "PPO"), ("a2c", "A2C")):
     register_algorithm(_name, f"hetrl.algos.{_name}:{_cls}", presets=("hetrl.algos", f"{_name}.yaml"))
 
 
