@@ -36,7 +36,7 @@ import torch
 from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
-from hetrl.algos import make_algorithm, replay_spec
+from hetrl.algos import learn_spec, make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
@@ -162,13 +162,12 @@ class LearnerCore:
         if self.rollout:
             minibatches = max(1, cfg.train_freq // cfg.batch_size)
             group = max(1, min(self.algo.phase_group(minibatches), minibatches))
-            learn_spec = self.algo.learn_fields(self.obs_space, self.act_space)
         else:
             group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
                                                                  cfg.priority_lag)
-            learn_spec = self.spec
-        self.kernel_choice = kernels.choose(
-            cfg, self.twin, self.obs_space, self.act_space, learn_spec, self.device, group, algo=self.algo)
+        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
+                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
+                                            algo=self.algo)
         self._use_kernel(self.kernel_choice)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = not self.rollout and cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)

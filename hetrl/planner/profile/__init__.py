@@ -94,7 +94,7 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
 
     from hetrl.actors import probe_spaces
     from hetrl.actors.envs import prepare_env
-    from hetrl.algos import replay_spec
+    from hetrl.algos import learn_spec, replay_spec
     from hetrl.planner.power import device_power
 
     t_start = time.perf_counter()
@@ -111,7 +111,8 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     env = prepare_env(env if env is not None else cfg.env, cfg)   # the wrappers of the settings (Atari, frame_stack)
     obs_space, act_space = probe_spaces(env)
     ctx = Context(cfg, env, obs_space, act_space, replay_spec(cfg, obs_space, act_space), devices, grid,
-                  Budget(budget_s, _primitives(grid, devices), cap_s), mkw, progress or (lambda msg: None))
+                  Budget(budget_s, _primitives(grid, devices), cap_s), mkw, progress or (lambda msg: None),
+                  learn_spec=learn_spec(cfg, obs_space, act_space))
     data: dict = {
         "format": FORMAT, "created": _dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine, "machine_id": machine_id(machine), "devices": devices,

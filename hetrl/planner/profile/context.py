@@ -49,6 +49,11 @@ class Context:
     mkw: dict                      # measure() settings (tolerance; fewer rounds in a quick profile)
     say: Callable[[str], None]
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    learn_spec: dict | None = None  # the fields of `learn`'s batches where they are not the replay's (on-policy)
+
+    @property
+    def learn_fields(self) -> dict:
+        return self.learn_spec or self.spec
 
     @property
     def cpu(self) -> dict:
