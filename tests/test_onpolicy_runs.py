@@ -118,3 +118,21 @@ def test_ppo_learns_cartpole_median_of_three_seeds():
                           eval_interval=2560, eval_episodes=5)
         got.append(run.result["eval_return_mean"])
     assert statistics.median(got) >= 120, got
+
+
+@pytest.mark.parametrize("algo,env", [("ppo", "CartPole-v1"), ("a2c", "Pendulum-v1")])
+def test_population_member_i_is_the_run_of_seed_i(algo, env, tmp_path, monkeypatch):
+    """Members act in one vector env with their policies stacked and learn their own rollouts: each equals its
+    own inline run (a sweep over a learning setting too)."""
+    monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path / "cache"))
+    settings = TINY if algo == "ppo" else {**{k: v for k, v in TINY.items() if k not in ("n_epochs", "batch_size")},
+                                           "normalize_obs": True, "normalize_reward": True}
+    pop = hetrl.train(algo, env, seeds=[0, 5], steps=200, out=tmp_path / "pop", **settings)
+    for member, run in zip(pop.members, pop.runs):
+        alone = hetrl.train(algo, env, seed=member.seed, steps=200, **settings)
+        assert run.result["env_steps"] == alone.result["env_steps"] == 256
+        assert run.algo.updates == alone.algo.updates > 0
+        torch.testing.assert_close(params(run), params(alone), rtol=1e-5, atol=1e-6)
+    sweep = hetrl.train(algo, env, seeds=[0], sweep={"ent_coef": [0.0, 0.01]}, steps=128, out=tmp_path / "sw",
+                        **settings)
+    assert [r.cfg.ent_coef for r in sweep.runs] == [0.0, 0.01]

@@ -246,13 +246,13 @@ class PopulationSchedule:
         t0 = time.perf_counter()
         base = [core.c.env_steps for core in self.cores]
         start = actor.env_steps
-        left = cfg.steps - self.c.env_steps
+        n_collect, most = self.cores[0].ratio.to_collect()   # every member's run collects what member 0's does
 
         def explore(steps: int) -> list:
             done = (steps - start) // M
             return [core.algo.exploration(b + done) for core, b in zip(self.cores, base)]
 
-        batch = actor.collect(M * min(cfg.train_freq, left), explore, limit=M * left)
+        batch = actor.collect(M * n_collect, explore, limit=M * most)
         t1 = time.perf_counter()
         steps = (actor.env_steps - start) // M
         member = batch.pop("env", None) if batch is not None else None   # (a population of one has no groups)
