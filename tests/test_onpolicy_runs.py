@@ -136,3 +136,27 @@ def test_population_member_i_is_the_run_of_seed_i(algo, env, tmp_path, monkeypat
     sweep = hetrl.train(algo, env, seeds=[0], sweep={"ent_coef": [0.0, 0.01]}, steps=128, out=tmp_path / "sw",
                         **settings)
     assert [r.cfg.ent_coef for r in sweep.runs] == [0.0, 0.01]
+
+
+def test_the_planner_prices_an_on_policy_phase_and_plans_it(tmp_path, monkeypatch):
+    """The model prices a rollout as every other phase (train_freq env steps, gradient_steps of batch_size), with
+    the actors waiting for the learner (lockstep) and each actor collecting its share of the rollout."""
+    monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path))
+    from hetrl.config import make_config
+    from hetrl.planner import plan
+    from hetrl.planner.model import Plan, Workload, _chunk, learner_group, predict
+    from hetrl.planner.profile import run_profile
+
+    cfg = make_config("ppo", "CartPole-v1", {"net_arch": [16], "threads": 1})
+    work = Workload.from_config(cfg, allow_more_envs=True)
+    assert work.rollout and not work.overlap and not work.prefetch and work.num_envs == 8   # the rollout's envs kept
+    local = Plan(schedule="local", actors=2, envs_per_actor=4, batch_size=cfg.batch_size)
+    assert _chunk(local, work) == 128 and learner_group(local, work) == 1
+    table = run_profile(cfg, devices=["cpu"], quick=True, measure_power=False, ipc=False)
+    assert table.data["learner_kernel"]["cpu"]["name"] == "public" and not table.data["prefetch"]
+    pred = predict(local, table, work)
+    assert pred.bound in ("lockstep", "cpu") and pred.env_steps_per_s > 0
+    result = plan(cfg, profile=table)
+    assert result.plan.num_envs == 8 and result.predicted_env_steps_per_s > 0
+    new = result.apply(cfg)
+    assert new.train_freq == 256 and new.gradient_steps == cfg.gradient_steps and new.n_steps == cfg.n_steps

@@ -43,7 +43,7 @@ from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
 from hetrl.replay.rollout import RolloutStorage, explained_variance, gae
-from hetrl.runtime.layout import Layout, grads_per_phase, group_size
+from hetrl.runtime.layout import GROUP_MAX, Layout, grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
 from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
 from hetrl.runtime.threads import ThreadGovernor
@@ -160,7 +160,7 @@ class LearnerCore:
         self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
         self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
         if self.rollout:
-            minibatches = max(1, cfg.train_freq // cfg.batch_size)
+            minibatches = max(1, min(cfg.train_freq // cfg.batch_size, GROUP_MAX))
             group = max(1, min(self.algo.phase_group(minibatches), minibatches))
         else:
             group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
@@ -396,7 +396,7 @@ class LearnerCore:
         c.learner_s += time.perf_counter() - t0
         B = cfg.batch_size
         K, rem = divmod(R, B)
-        group = max(1, min(algo.phase_group(K), K)) if K else 1
+        group = max(1, min(algo.phase_group(K), K, GROUP_MAX)) if K else 1
         stop = False
         for _ in range(cfg.n_epochs):
             perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
