@@ -171,7 +171,8 @@ class Algorithm:
         if not isinstance(act_space, cls.action_spaces):
             kinds = " or ".join(_kind(k) for k in cls.action_spaces)
             raise UsageError(f"{name} needs a {kinds} action space, this env has {act_space}; "
-                             f"use {_takers(act_space)} for {_kind(type(act_space)).split(' ')[0]} actions")
+                             f"use {_takers(act_space, pixels=is_image(obs_space))} for "
+                             f"{_kind(type(act_space)).split(' ')[0]} actions")
         if isinstance(act_space, gym.spaces.Discrete) and act_space.start != 0:
             raise UsageError(f"action space {act_space} does not start at 0; wrap the env to shift actions")
         if isinstance(act_space, gym.spaces.Box) and not act_space.is_bounded("both"):

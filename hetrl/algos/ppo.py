@@ -16,7 +16,7 @@ minibatch (obs, action, old log pi, old V, A, R):
 
 target_kl > 0: the epochs stop after the minibatch whose approx_kl passed 1.5 target_kl (the learner core asks
 `stop_phase` between `learn` calls, which then take one minibatch each; SB3 stops before that minibatch's step).
-The loss scalars of the last `learn` call (means over its minibatches) are in `stats`.
+The loss scalars of the last minibatch are in `stats` (SB3 logs their means over a phase's minibatches).
 Networks, acting, values and normalisation: hetrl/algos/onpolicy.py (SB3's ActorCriticPolicy).
 """
 
@@ -81,7 +81,6 @@ class PPO(ActorCritic):
         cfg, clip, clip_vf = self.cfg, self.clip_range, self.clip_range_vf
         K = weights.shape[0]
         td = torch.empty_like(weights)
-        pg_losses, value_losses, entropy_losses, kls, clip_fractions = [], [], [], [], []
         for k in range(K):
             b = {key: v[k] for key, v in batches.items()}
             logp, entropy, value = self.evaluate(b["obs"], b["action"])
@@ -100,17 +99,13 @@ class PPO(ActorCritic):
             loss = pg_loss + cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss
             self.opt.step(loss)
             with torch.no_grad():
-                kls.append(((ratio - 1) - log_ratio).mean())
-                clip_fractions.append(((ratio - 1).abs() > clip).float().mean())
+                approx_kl = ((ratio - 1) - log_ratio).mean()
                 td[k] = (b["return"] - value).abs()
-            pg_losses.append(pg_loss.detach())
-            value_losses.append(value_loss.detach())
-            entropy_losses.append(entropy_loss.detach())
         self.updates += K
-        self.last_kl = kls[-1]
-        self.stats = {"policy_gradient_loss": torch.stack(pg_losses).mean(),
-                      "value_loss": torch.stack(value_losses).mean(),
-                      "entropy_loss": torch.stack(entropy_losses).mean(), "approx_kl": torch.stack(kls).mean(),
-                      "clip_fraction": torch.stack(clip_fractions).mean(), "loss": loss.detach(),
-                      "clip_range": clip.clone(), **self._std_stat()}
+        self.last_kl = approx_kl
+        with torch.no_grad():   # the last minibatch's (SB3 logs means over a phase's minibatches)
+            clip_fraction = ((ratio - 1).abs() > clip).float().mean()
+        self.stats = {"policy_gradient_loss": pg_loss.detach(), "value_loss": value_loss.detach(),
+                      "entropy_loss": entropy_loss.detach(), "approx_kl": approx_kl, "clip_fraction": clip_fraction,
+                      "loss": loss.detach(), "clip_range": clip.clone(), **self._std_stat()}
         return td
