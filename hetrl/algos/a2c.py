@@ -74,7 +74,10 @@ class A2C(ActorCritic):
             policy_loss = -(adv * logp).mean()
             value_loss = F.mse_loss(b["return"], value)
             entropy_loss = -entropy.mean()
-            self.opt.step(policy_loss + cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss)
+            loss = policy_loss + cfg.vf_coef * value_loss
+            if cfg.ent_coef:   # (without an entropy bonus its gradient is 0: not computed)
+                loss = loss + cfg.ent_coef * entropy_loss
+            self.opt.step(loss)
             td[k] = (b["return"] - value).detach().abs()
         self.updates += K
         self.stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),

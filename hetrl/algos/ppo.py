@@ -96,7 +96,9 @@ class PPO(ActorCritic):
                 value_pred = value
             value_loss = F.mse_loss(b["return"], value_pred)
             entropy_loss = -entropy.mean()
-            loss = pg_loss + cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss
+            loss = pg_loss + cfg.vf_coef * value_loss
+            if cfg.ent_coef:   # (without an entropy bonus its gradient is 0: not computed)
+                loss = loss + cfg.ent_coef * entropy_loss
             self.opt.step(loss)
             with torch.no_grad():
                 approx_kl = ((ratio - 1) - log_ratio).mean()
