@@ -24,9 +24,9 @@ What an algorithm declares:
 * :meth:`learn`: K gradient steps on K stacked batches, returning |TD| for the priorities;
 * its state (:meth:`state_dict` / :meth:`load_state_dict`: by default the modules named in ``nets``
   and the optimizers in ``optims``), and its replay fields (:meth:`replay_fields`);
-* optionally ``sb3``, a :class:`hetrl.sb3compat.SB3Compat`: what its Stable-Baselines3-style class
-  (``hetrl.sb3.model_class(name)``) takes from SB3: the class name, the constructor's defaults, the policy's
-  default layers and policy_kwargs, SB3's policy file; without it the class is the generic one.
+* optionally ``sb3``, a :class:`hetrl.sb3.SB3Compat`, read by the SB3 front end alone (hetrl/sb3/compat.py):
+  what its Stable-Baselines3-style class (``hetrl.sb3.model_class(name)``) takes from SB3; without it the class
+  is the generic one (the built-ins' are in the front end's own table).
 
 An on-policy algorithm (PPO, A2C, a REINFORCE of one's own) subclasses :class:`OnPolicyAlgorithm` (settings:
 :class:`OnPolicyConfig`): it declares ``storage = "rollout"``, and the learner core keeps a rollout storage in
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Protocol
+from typing import Any, ClassVar, Optional, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -57,7 +57,6 @@ import torch
 
 from hetrl.config import Config
 from hetrl.errors import UsageError
-from hetrl.sb3compat import SB3Compat
 
 
 class ActingPolicy(Protocol):
@@ -139,8 +138,8 @@ class Algorithm:
     shape_settings: ClassVar[tuple[str, ...]] = ()
     # settings that change when it learns or acts: also shared by a population's members
     schedule_settings: ClassVar[tuple[str, ...]] = ()
-    # its Stable-Baselines3 facts for the SB3-style class (hetrl/sb3compat.py); None: the generic class
-    sb3: ClassVar[SB3Compat | None] = None
+    # an SB3Compat for its Stable-Baselines3-style class (hetrl/sb3/compat.py reads it); None: the generic class
+    sb3: ClassVar[Any] = None
     # what it learns from: "replay" (off-policy: sampled transitions) or "rollout" (on-policy: OnPolicyAlgorithm)
     storage: ClassVar[str] = "replay"
     updates: int = 0                              # gradient steps taken (checkpointed)

@@ -163,11 +163,10 @@ class Workload:
     def from_config(cls, cfg, allow_more_envs: bool = False) -> "Workload":
         rollout = learns_rollouts(cfg)
         return cls(float(cfg.replay_ratio), int(cfg.batch_size), bool(cfg.prioritized), int(cfg.train_freq),
-                   grads_per_phase(cfg), int(cfg.publish_interval), bool(getattr(cfg, "overlap", True)) and not rollout,
-                   bool(getattr(cfg, "prefetch", True)) and not rollout, int(getattr(cfg, "insert_chunk", 0)),
-                   bool(getattr(cfg, "batched_insert", True)),
-                   0 if allow_more_envs and not rollout else int(cfg.num_envs),
-                   int(getattr(cfg, "priority_lag", 0)), rollout)
+                   grads_per_phase(cfg), int(cfg.system.publish_interval), bool(cfg.system.overlap) and not rollout,
+                   bool(cfg.system.prefetch) and not rollout, int(cfg.system.insert_chunk),
+                   bool(cfg.system.batched_insert), 0 if allow_more_envs and not rollout else int(cfg.num_envs),
+                   int(cfg.priority_lag), rollout)
 
 
 @dataclass

@@ -96,7 +96,7 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
             learn[dev][str(th)] = {}
             for B in grid["batches"]:
                 ctx.say(f"learner update on {dev}, batch {B}, {th} thread(s)")
-                algo = learners.on(type(cfg)(**{**cfg.to_dict(), "batch_size": B}), dev)
+                algo = learners.on(cfg.replace(batch_size=B), dev)
                 batch, wts = synthetic_batch(ctx.learn_fields, ctx.act_space, B, 1, dev)
                 t = timed(dev, th, algo, batch, wts, 1, learn[dev]["1"][str(B)] if th > 1 else None)
                 learn[dev][str(th)][str(B)] = t.to_json()
