@@ -79,6 +79,7 @@ class RunningNorm(nn.Module):
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
         super().__init__()
         self.clip, self.eps = float(clip), float(eps)
+        self.active = True   # False: observations pass unchanged (normalised outside, e.g. by the user's VecNormalize)
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
@@ -87,6 +88,8 @@ class RunningNorm(nn.Module):
         self.register_buffer("scale", torch.full(shape, 1.0 / math.sqrt(1.0 + eps)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return x
         return ((x - self.shift) * self.scale).clamp(-self.clip, self.clip)
 
     @torch.no_grad()
@@ -336,6 +339,14 @@ class ActorCritic(OnPolicyAlgorithm):
                 getattr(self, k).copy_(state[k])
         if "returns" in state and state["returns"].shape == self.returns.shape:
             self.returns.copy_(state["returns"])
+
+    def normalization_state(self) -> dict:
+        """The normalisation statistics as NumPy / floats (SB3's VecNormalize holds the same): {"obs": (mean, var,
+        count) or None, "ret": (mean, var, count) or None}."""
+        cfg, norm = self.cfg, self.policy.norm
+        obs = (norm.mean.cpu().numpy(), norm.var.cpu().numpy(), float(norm.count)) if cfg.normalize_obs else None
+        ret = (float(self.ret_mean), float(self.ret_var), float(self.ret_count)) if cfg.normalize_reward else None
+        return {"obs": obs, "ret": ret}
 
     def _std_stat(self) -> dict[str, torch.Tensor]:
         return {"std": self.policy.log_std.detach().exp().mean()} if self.continuous else {}
