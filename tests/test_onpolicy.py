@@ -310,3 +310,60 @@ def test_image_observations_are_refused_in_one_line():
     with pytest.raises(UsageError, match="images") as e:
         get("ppo").check_spaces(gym.spaces.Box(0, 255, (84, 84, 3), np.uint8), gym.spaces.Discrete(4))
     assert "\n" not in str(e.value)
+
+
+# ---- rl-zoo's files -----------------------------------------------------------------------------------------
+ZOO = """
+CartPole-v1:
+  n_envs: 8
+  n_timesteps: !!float 1e5
+  policy: 'MlpPolicy'
+  n_steps: 32
+  batch_size: 256
+  gae_lambda: 0.8
+  gamma: 0.98
+  n_epochs: 20
+  ent_coef: 0.0
+  learning_rate: lin_0.001
+  clip_range: lin_0.2
+Pendulum-v1:
+  n_envs: 4
+  policy: 'MlpPolicy'
+  n_steps: 1024
+  use_sde: True
+  sde_sample_freq: 4
+HalfCheetah-v5:
+  normalize: true
+  n_envs: 1
+  policy: 'MlpPolicy'
+  n_timesteps: !!float 1e6
+  batch_size: 64
+  n_steps: 512
+  clip_range: 0.1
+  policy_kwargs: "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+                       net_arch=dict(pi=[256, 256], vf=[128, 128]))"
+Acrobot-v1:
+  normalize: "{'norm_obs': False, 'norm_reward': True, 'clip_reward': 5.0}"
+  n_envs: 16
+  policy: 'MlpPolicy'
+"""
+
+
+def test_zoo_files_give_ppos_settings(tmp_path):
+    from hetrl.sb3 import zoo
+
+    f = tmp_path / "ppo.yml"
+    f.write_text(ZOO)
+    zoo_cfg = make_config("ppo", "CartPole-v1", zoo.settings(f, "ppo", "CartPole-v1"))
+    assert zoo_cfg.to_dict() == make_config("ppo", "CartPole-v1").to_dict()   # hetrl's preset is the zoo's entry
+    hc = zoo.settings(f, "ppo", "HalfCheetah-v5")
+    assert (hc["normalize_obs"], hc["normalize_reward"], hc["net_arch"], hc["vf_arch"], hc["activation"],
+            hc["log_std_init"], hc["ortho_init"], hc["n_steps"]) == (True, True, [256, 256], [128, 128], "relu", -2,
+                                                                      False, 512)
+    acro = zoo.settings(f, "ppo", "Acrobot-v1")
+    assert (acro["normalize_obs"], acro["normalize_reward"], acro["clip_reward"]) == (False, True, 5.0)
+    with pytest.raises(UsageError, match="gSDE") as e:
+        zoo.settings(f, "ppo", "Pendulum-v1")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match="does not normalise"):
+        zoo.settings(f, "dqn", "HalfCheetah-v5")
