@@ -52,6 +52,8 @@ class A2CConfig(ActorCriticConfig):
 
 
 class A2C(ActorCritic):
+    """A2C: synchronous advantage actor-critic, one gradient step per rollout, SB3's (Mnih et al. 2016)."""
+
     Settings = A2CConfig
 
     def _optimizer(self, module):

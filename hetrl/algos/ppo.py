@@ -56,6 +56,8 @@ class PPOConfig(ActorCriticConfig):
 
 
 class PPO(ActorCritic):
+    """PPO: the clipped surrogate objective over epochs of minibatches of each rollout, SB3's (Schulman et al. 2017)."""
+
     Settings = PPOConfig
 
     def __init__(self, cfg: PPOConfig, obs_space, act_space, device="cpu"):
