@@ -100,8 +100,12 @@ def _on_policy(sb3, cfg, env: str, verbose: int, lib: str, **sb3_kwargs):
     activation = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}[cfg.activation]
     policy_kwargs = dict(net_arch=dict(pi=cfg.net_arch, vf=cfg.vf_arch or cfg.net_arch), activation_fn=activation,
                          ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
-    if lib == "sbx":   # SBX's policies take the layers and the activation only
-        policy_kwargs = dict(net_arch=policy_kwargs["net_arch"], activation_fn=activation)
+    if lib == "sbx":   # SBX's policies are flax modules: the layers, and a jax activation where not its default tanh
+        policy_kwargs = dict(net_arch=policy_kwargs["net_arch"])
+        if cfg.activation != "tanh":
+            import flax.linen as fnn
+
+            policy_kwargs["activation_fn"] = {"relu": fnn.relu, "elu": fnn.elu}[cfg.activation]
     common = dict(learning_rate=lr, n_steps=cfg.n_steps, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
                   ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm,
                   normalize_advantage=cfg.normalize_advantage, policy_kwargs=policy_kwargs, seed=cfg.seed,
