@@ -312,8 +312,8 @@ class OnPolicyAlgorithm(Algorithm):
        (rewards as learned, e.g. scaled) in place of the env's;
     3. the core computes GAE(gae_lambda): ``advantage`` and ``return``;
     4. n_epochs passes over the rollout in shuffled minibatches of batch_size: `learn(batches, weights)` with
-       the fields of :meth:`learn_fields` stacked (K, B, ...), weights ones; between calls :meth:`stop_phase`
-       may end the phase; :meth:`phase_group` says how many minibatches one call takes;
+       the fields of :meth:`learn_fields` stacked (K, B, ...), weights ones (a call may span passes); between calls
+       :meth:`stop_phase` may end the phase; :meth:`phase_group` says how many minibatches one call takes;
     5. :meth:`rollout_done`, then the new policy is published and the rollout emptied.
     """
 
@@ -338,8 +338,8 @@ class OnPolicyAlgorithm(Algorithm):
         """After a rollout's epochs, before the new policy is published (e.g. observation statistics move)."""
 
     def phase_group(self, minibatches: int) -> int:
-        """How many of an epoch's minibatches one `learn` call takes (decisions such as stop_phase are made
-        between calls): all of them by default."""
+        """How many of a phase's `minibatches` one `learn` call takes (decisions such as stop_phase are made
+        between calls): all of them by default (the learner core takes GROUP_MAX a call at most)."""
         return minibatches
 
     def exploration(self, env_steps: int) -> float | None:

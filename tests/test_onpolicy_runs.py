@@ -151,7 +151,7 @@ def test_the_planner_prices_an_on_policy_phase_and_plans_it(tmp_path, monkeypatc
     work = Workload.from_config(cfg, allow_more_envs=True)
     assert work.rollout and not work.overlap and not work.prefetch and work.num_envs == 8   # the rollout's envs kept
     local = Plan(schedule="local", actors=2, envs_per_actor=4, batch_size=cfg.batch_size)
-    assert _chunk(local, work) == 128 and learner_group(local, work) == 1
+    assert _chunk(local, work) == 128 and learner_group(local, work) == 20   # the phase: 20 epochs of 1
     table = run_profile(cfg, devices=["cpu"], quick=True, measure_power=False, ipc=False)
     assert table.data["learner_kernel"]["cpu"]["name"] == "public" and not table.data["prefetch"]
     pred = predict(local, table, work)

@@ -33,8 +33,8 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     inline:   X = 1 / (a + m)                                 one process alternates
     local:    X = min(N / a,  1 / m,  C_eff / (a + mc))       actors | learner | shared cores
     lockstep: X = min(1 / (a / min(N, C_eff) + m),  C_eff / (a + mc))    (local, overlap=false; on-policy:
-              each rollout of train_freq env steps, n = its share per actor, then its gradient_steps, k = an
-              epoch's minibatches per call)
+              each rollout of train_freq env steps, n = its share per actor, then its gradient_steps, k = its
+              minibatches per call, GROUP_MAX at most)
               C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
               l x (1 + (SPIN - 1) rho) when t > 1 and N + t > P: a multi-threaded learner whose
               OpenMP threads share cores with actor processes waits at its barriers for a thread
@@ -208,8 +208,8 @@ def _chunk(plan: Plan, work: Workload) -> int:
 
 def learner_group(plan: Plan, work: Workload) -> int:
     """Gradient steps per learner call under the plan (as the schedules group them)."""
-    if work.rollout:   # an epoch's minibatches a call (the learner core's rollout phase)
-        return max(1, min(work.train_freq // max(1, work.batch_size), GROUP_MAX))
+    if work.rollout:   # a phase's minibatches, GROUP_MAX a call at most (the learner core's rollout phase)
+        return max(1, min(work.grads_per_phase, GROUP_MAX))
     if plan.schedule == "inline" and not work.prioritized:
         return work.grads_per_phase
     return group_size(work.grads_per_phase, work.prioritized, work.priority_lag)

@@ -181,8 +181,8 @@ class LearnerCore:
         # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
         self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
         self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
-        if self.rollout:
-            minibatches = max(1, min(cfg.train_freq // cfg.batch_size, GROUP_MAX))
+        if self.rollout:   # a phase's minibatches per learn call (LearnerCore._minibatches)
+            minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
             group = max(1, min(self.algo.phase_group(minibatches), minibatches))
         else:
             group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
@@ -402,8 +402,9 @@ class LearnerCore:
         """The learner phase of a complete rollout (on-policy; False while none is complete), for every schedule:
         the algorithm's values and log-probabilities in one forward (`rollout_values`), GAE(gae_lambda), then
         n_epochs passes of shuffled minibatches of batch_size through `learn` (a pass's last minibatch is smaller
-        where batch_size does not divide the rollout, as SB3's), `phase_group` minibatches a call, until
-        `stop_phase` says stop; then `rollout_done`, the new policy published and the rollout emptied."""
+        where batch_size does not divide the rollout, as SB3's), `phase_group` minibatches a call (several passes'
+        in one where they fit), until `stop_phase` says stop; then `rollout_done`, the new policy published and the
+        rollout emptied."""
         if not self.ratio.ready():
             return False
         cfg, algo, c = self.cfg, self.algo, self.c
@@ -421,28 +422,40 @@ class LearnerCore:
         R = rollout.capacity
         flat = {k: v.reshape(R, *v.shape[2:]).to(self.device) for k, v in fields.items()}
         c.learner_s += time.perf_counter() - t0
-        B = cfg.batch_size
-        K, rem = divmod(R, B)
-        group = max(1, min(algo.phase_group(K), K, GROUP_MAX)) if K else 1
-        stop = False
-        for _ in range(cfg.n_epochs):
-            perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
-            calls = [perm[i * B:min(i + group, K) * B].view(-1, B) for i in range(0, K, group)]
-            if rem:
-                calls.append(perm[K * B:].view(1, rem))
-            for idx in calls:
-                self.ratio.drawn(idx.shape[0])
-                self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
-                if algo.stop_phase():
-                    stop = True
-                    break
-            if stop:
+        for idx in self._minibatches(R):
+            self.ratio.drawn(idx.shape[0])
+            self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
+            if algo.stop_phase():
                 break
         algo.rollout_done(data)
         rollout.clear()
         self.ratio.phase_done()
         self.publish()
         return True
+
+    def _minibatches(self, R: int):
+        """The row indices of a rollout phase's `learn` calls, in order: n_epochs shuffled passes over R rows, each
+        cut into minibatches of batch_size (its last one smaller where batch_size does not divide R, as SB3's), the
+        phase's consecutive minibatches of one size stacked `phase_group` (at most GROUP_MAX) to a call."""
+        B, algo = self.cfg.batch_size, self.algo
+        K, rem = divmod(R, B)
+        total = self.cfg.n_epochs * K
+        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if K else 1
+        pending: list[torch.Tensor] = []
+        for _ in range(self.cfg.n_epochs):
+            perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
+            for i in range(K):
+                pending.append(perm[i * B:(i + 1) * B])
+                if len(pending) == group:
+                    yield torch.stack(pending)
+                    pending = []
+            if rem:
+                if pending:
+                    yield torch.stack(pending)
+                    pending = []
+                yield perm[K * B:].view(1, rem)
+        if pending:
+            yield torch.stack(pending)
 
     def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
         """Importance weights of on-policy minibatches: ones, one tensor per shape."""

@@ -92,7 +92,7 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
             raise UsageError(f"an on-policy rollout is n_steps x num_envs transitions, and every actor collects its "
                              f"share: actors x envs_per_actor ({n} x {m}) must equal num_envs ({cfg.num_envs}); "
                              "choose actors that divide num_envs")
-        group = group or max(1, min(cfg.train_freq // cfg.batch_size, GROUP_MAX))
+        group = group or max(1, min(per_phase, GROUP_MAX))
         return Layout(n, m, cfg.train_freq // n, group, cfg.replay_ratio * cfg.batch_size, 0,
                       float(cfg.train_freq), threads, per_phase, 0)
     chunk = chunk_size(cfg.train_freq, n, m, cfg.system.batched_insert, cfg.system.insert_chunk)
