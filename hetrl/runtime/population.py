@@ -265,7 +265,8 @@ class PopulationSchedule:
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
         # what each member's learner core allows now (its inline run's replay ratio)
         owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
-        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized:
+        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized \
+                and not self.cores[0].rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
         elif self._pool is not None and sum(1 for k in owed if k) > 1:
             list(self._pool.map(self._learn, [m for m, k in enumerate(owed) if k]))
