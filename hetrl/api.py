@@ -128,6 +128,9 @@ class Run:
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
         self.evaluations = Evaluations(cfg.eval_episodes, self._eval_interval(), cfg.seed, cfg.eval_max_steps)
         self._replay_saved = False
+        from hetrl.planner.follow import follower   # the plan held against the measured rate (docs/planner.md)
+
+        self.follow = follower(self.schedule, cfg, self.plan_info)
 
     def _eval_interval(self) -> int:
         return self.cfg.eval_interval or max(1, self.cfg.steps // 10)
@@ -190,6 +193,7 @@ class Run:
                 while not s.done() and not stop:
                     eps = s.phase()
                     core.tick()
+                    self.follow.phase()
                     if self.evaluations.due(s.c.env_steps, s.done()):
                         with core.clock_paused():
                             self.evaluate_now(logger)
@@ -203,6 +207,7 @@ class Run:
                         break
             self.interrupted = stop.signal or self.interrupted
             _hook(callback, "training_end", self)
+            self.follow.finish(str(self.out or ""))
             self.result = self._result()
             self._calibrate()
             if self.out is not None:
@@ -278,7 +283,7 @@ class Run:
                    if best else {}),
                 "evaluations": self.evaluations.history,
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
-                **self.plan_info, "config": self.cfg.to_dict(), **_evals(self.result)}
+                **self.plan_info, **self.follow.figures(), "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:

@@ -146,8 +146,9 @@ class LearnerCore:
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         self._threads_before = torch.get_num_threads()   # given back by close()
         setup_process(cfg.seed, threads)
-        # a learner of several threads drops to the cores other work leaves it, during the run
-        self.governor = ThreadGovernor(max(1, threads))
+        # a learner of several threads drops to the cores other work leaves it, during the run, where its kernel's
+        # results do not depend on the thread count (_use_kernel)
+        self.governor = ThreadGovernor(max(1, threads), exact=False)
         self.device = resolve_device(cfg.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
@@ -192,6 +193,7 @@ class LearnerCore:
             self.kernel.close()
         self.kernel_choice = choice
         self.kernel = kernels.build(choice, self.algo)
+        self.governor.exact = bool(self.kernel.threads_exact)
         self.governor.apply = self.kernel.use_threads
         self.governor.apply(self.governor.threads)
 

@@ -340,23 +340,19 @@ class ProfileTable:
 
     def in_run(self, device: str, batch: int, threads: int, k: float, schedule: str | None = None) -> dict | None:
         """What a run on this machine measured of its learner at `threads` (record_in_run), where it is this
-        workload (batch, about k steps per call, the schedule where given) and not provisional."""
+        workload (batch, about k steps per call, the schedule where given: a local run's figure holds the
+        actors' share of the cores) and not provisional."""
         e = (self.data.get("in_run") or {}).get("learn", {}).get(device, {}).get(str(threads))
         if not e or e.get("provisional") or e.get("batch") != batch or not 0.5 <= float(e.get("k", 1)) / max(k, 1) <= 2:
             return None
         return e if schedule is None or e.get("schedule") == schedule else None
 
-    def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1, calibrated: bool = True,
-                   schedule: str | None = None) -> float:
-        """Seconds per gradient step when ``learn`` gets k steps per call: what a run of this workload measured
-        at this thread count (in_run; calibrated=True only), else the grouped figure profiled at this thread
-        count (the nearest profiled k), else the single-step figure scaled by the profiled gain of grouping, else
-        the single-step figure; times the factor the last run on this machine measured against it
-        (calibrated=True, see calibrate())."""
-        if calibrated:
-            e = self.in_run(device, batch, threads, k, schedule)
-            if e is not None:
-                return float(e["s"])
+    def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1, calibrated: bool = True) -> float:
+        """Seconds per gradient step when ``learn`` gets k steps per call: the grouped figure
+        profiled at this thread count (the nearest profiled k), else the single-step figure
+        scaled by the profiled gain of grouping, else the single-step figure; times the factor the
+        last run on this machine measured against it (calibrated=True, see calibrate()). (What a run
+        measured of this workload, in_run(), the model takes before it.)"""
         cal = self.calibration(device) if calibrated else None
         return self._learn_step(device, batch, threads, k) * (float(cal["factor"]) if cal else 1.0)
 
