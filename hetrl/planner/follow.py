@@ -26,6 +26,7 @@ run ended with.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, field
 
@@ -97,20 +98,19 @@ class Follower:
 
     # ---- what the run can switch to --------------------------------------------------------------------
     def alternatives(self) -> list[tuple[int, float | None]]:
-        """(threads, predicted env steps/s) of the plans the run may switch to, best predicted first: other thread
-        counts of a CPU learner the profile measured, where the user did not pin the threads and the kernel's
-        results do not depend on them."""
+        """(threads, predicted env steps/s) of the plans the run may switch to, best predicted first: the other thread
+        counts of a CPU learner up to the cores planned for (those a profile measures), where the user did not pin
+        the threads and the kernel's results do not depend on them."""
         pins = self.info.get("pins") or {}
         if not self.exact or "threads" in pins or self.plan.get("learner_device", "cpu") != "cpu":
             return []
         table = self.table()
-        counts = table.learner_threads("cpu") if table is not None else [1, 2]
-        cores = float(self.info.get("cores") or (table.cores if table is not None else 1))
+        cores = int(float(self.info.get("cores") or (table.cores if table is not None else os.cpu_count() or 1)))
+        counts = {t for t in (1, 2, 4, 8, 16, 32, 64) if t <= cores} | {max(1, cores)}   # as the profile's grid
         out = []
-        for t in counts:
-            if t in self.tried or t > max(1.0, cores):
-                continue
-            out.append((t, self.predict(t)))
+        for t in sorted(counts):
+            if t not in self.tried:
+                out.append((t, self.predict(t)))
         return sorted(out, key=lambda x: -(x[1] or 0.0))
 
     def table(self):

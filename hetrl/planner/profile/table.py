@@ -144,9 +144,11 @@ def _median_ratio(data: dict, device: str, t: int) -> float | None:
         one, many = by_t.get("1") or {}, by_t.get(str(t)) or {}
         for size, e in many.items():
             o = one.get(size)
-            if isinstance(e, dict) and isinstance(o, dict) and not e.get("provisional") and not o.get("provisional") \
-                    and o.get("s", 0) > 0:
-                ratios.append(e["s"] / o["s"])
+            if o is None or any(isinstance(x, dict) and x.get("provisional") for x in (e, o)):
+                continue
+            e_s, o_s = Timing.from_json(e).s, Timing.from_json(o).s
+            if o_s > 0:
+                ratios.append(e_s / o_s)
     return statistics.median(ratios) if ratios else None
 
 
