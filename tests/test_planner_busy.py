@@ -263,7 +263,7 @@ def test_what_a_run_measured_prices_its_workload(tmp_path):
     again = ProfileTable.load(tmp_path / "p.json")
     assert predict(Plan("inline", 1, 1, batch_size=64, threads=2), again, work).times["learn"] == 8e-3
     assert search(again, work, schedules=["inline"]).plan.threads == 1   # (in-run figures of inline runs)
-    assert again.thread_scaling("cpu", 2) == (2.0, "measured in a run on this machine")
+    assert again.thread_scaling("cpu", 2) == (2.0, "measured in inline runs on this machine")
 
 
 # --- the follower ---------------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def test_a_run_short_of_its_prediction_keeps_the_faster_of_two_plans_and_writes_
     assert tried[1]["measured_env_steps_per_s"] == pytest.approx(300, rel=0.1)
     assert tried[2]["measured_env_steps_per_s"] == pytest.approx(450, rel=0.1)
     assert tried[2]["predicted_env_steps_per_s"] > 0 and "kept" in figs["plan_follow"]["why"]
-    runs = json.loads((tmp_path / "p.json").read_text())["in_run"]["learn"]["cpu"]
+    runs = json.loads((tmp_path / "p.json").read_text())["in_run"]["learn"]["cpu"]["inline"]
     assert set(runs) == {"1", "2"} and runs["2"]["measured"] == "in run" and runs["2"]["run"] == "runs/x"
     assert runs["1"]["s"] == pytest.approx(0.8 / 300, rel=0.1) and "provisional" not in runs["1"]
     # the faster plan is the slower one here: the run goes back to its own
@@ -375,4 +375,4 @@ def test_result_json_records_the_plans_tried_and_the_thread_count(cache, loaded,
     assert doc["threads"] == kept == run.schedule.core.governor.planned
     assert doc["plan_follow"]["trials"] == 1 and doc["plan_follow"]["threads_exact"]
     profile = json.loads(open(doc["plan"]["profile"]["path"]).read())
-    assert set(profile["in_run"]["learn"]["cpu"]) == {"1", "2"}
+    assert set(profile["in_run"]["learn"]["cpu"]["inline"]) == {"1", "2"}

@@ -258,7 +258,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     gather = T.op("ds_gather", DS, kg * B)
     x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
     s = (keys + x_keys + gather + x_batch) / kg
-    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, or profiled
+    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, else profiled
     l = float(ran["s"]) if ran is not None else T.learn_step(L, B, plan.threads, kg) * spin
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)

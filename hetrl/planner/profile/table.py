@@ -248,11 +248,11 @@ class ProfileTable:
         return got
 
     def _in_run_ratio(self, device: str, t: int) -> tuple[float, str] | None:
-        runs = (self.data.get("in_run") or {}).get("learn", {}).get(device, {})
-        a, b = runs.get(str(t)), runs.get("1")
-        if a and b and not a.get("provisional") and not b.get("provisional") and a.get("k") == b.get("k") \
-                and a.get("batch") == b.get("batch") and b["s"] > 0:
-            return a["s"] / b["s"], "measured in a run on this machine"
+        for schedule, runs in sorted(((self.data.get("in_run") or {}).get("learn", {}).get(device) or {}).items()):
+            a, b = runs.get(str(t)), runs.get("1")
+            if a and b and not a.get("provisional") and not b.get("provisional") and a.get("batch") == b.get("batch") \
+                    and 0.5 <= a.get("k", 1) / max(b.get("k", 1), 1e-9) <= 2 and b["s"] > 0:
+                return a["s"] / b["s"], f"measured in {schedule} runs on this machine"
         return None
 
     def _machine_ratio(self, device: str, t: int) -> tuple[float, str] | None:
@@ -340,14 +340,14 @@ class ProfileTable:
         """The last run's correction of the learner's profiled time on `device` (see calibrate())."""
         return self.data.get("calibration", {}).get("learn", {}).get(device)
 
-    def in_run(self, device: str, batch: int, threads: int, k: float, schedule: str | None = None) -> dict | None:
-        """What a run on this machine measured of its learner at `threads` (record_in_run), where it is this
-        workload (batch, about k steps per call, the schedule where given: a local run's figure holds the
-        actors' share of the cores) and not provisional."""
-        e = (self.data.get("in_run") or {}).get("learn", {}).get(device, {}).get(str(threads))
+    def in_run(self, device: str, batch: int, threads: int, k: float, schedule: str) -> dict | None:
+        """What a run of `schedule` on this machine measured of its learner at `threads` (record_in_run), where it is
+        this workload (batch, about k steps per call) and not provisional (a local run's figure holds the actors'
+        share of the cores: it prices local plans only)."""
+        e = (((self.data.get("in_run") or {}).get("learn", {}).get(device) or {}).get(schedule) or {}).get(str(threads))
         if not e or e.get("provisional") or e.get("batch") != batch or not 0.5 <= float(e.get("k", 1)) / max(k, 1) <= 2:
             return None
-        return e if schedule is None or e.get("schedule") == schedule else None
+        return e
 
     def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1, calibrated: bool = True) -> float:
         """Seconds per gradient step when ``learn`` gets k steps per call: the grouped figure
@@ -545,8 +545,8 @@ IN_RUN_MIN_STEPS = 200             # an in-run learner figure needs this many gr
 
 
 def record_in_run(path: str | Path, device: str, entries: list[dict]) -> list[dict]:
-    """Write what a run measured of its learner into its cached profile, marked measured in a run: per thread
-    count, ``{"threads", "s" (seconds per gradient step), "k" (steps per call), "batch", "schedule",
+    """Write what a run measured of its learner into its cached profile, marked measured in a run: per schedule and
+    thread count (``in_run/learn/DEVICE/SCHEDULE/THREADS``), ``{"threads", "s" (seconds per gradient step), "k" (steps per call), "batch", "schedule",
     "env_steps_per_s", "foreign" (cores other processes kept busy meanwhile), "at", "run"}`` and, where other
     processes kept cores busy meanwhile, ``provisional`` (why). The model prices a plan of that workload with
     it (ProfileTable.learn_step) instead of the profiled figure. Returns the entries written."""
@@ -560,7 +560,7 @@ def record_in_run(path: str | Path, device: str, entries: list[dict]) -> list[di
         if e.get("gradient_steps", 0) < IN_RUN_MIN_STEPS or e.get("s", 0) <= 0:
             continue
         entry = {**e, "measured": "in run", "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        runs[str(e["threads"])] = entry
+        runs.setdefault(str(e.get("schedule", "inline")), {})[str(e["threads"])] = entry
         written.append(entry)
     if written:
         table.save(Path(path))
