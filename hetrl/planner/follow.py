@@ -292,6 +292,10 @@ class Follower:
             self.queue = []
             self._switch(self.base)
             self.state, self.why = "settled", self.why + "; the run ended during the trial"
+        elif self.state in ("warm", "watch"):
+            n = len(self.tried[self.base].windows)
+            self.why = (f"the run ended before its rate could be judged ({n} of {WATCH_WINDOWS} windows of "
+                        f"{self.window_s:g} s measured after {self.warm_s:g} s of learning)")
         self.write_back(run)
 
     def figures(self) -> dict:
