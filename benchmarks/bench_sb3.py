@@ -43,7 +43,7 @@ if lib == "hetrl":
     run = hetrl.train(algo, env, steps=steps, plan=plan, progress=False, evaluate_episodes=0, **extra)
     r = run.result
     out = {"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
-           "schedule": run.cfg.schedule, "threads": run.cfg.threads, "learner_kernel": r.get("learner_kernel"),
+           "schedule": run.cfg.system.schedule, "threads": run.cfg.system.threads, "learner_kernel": r.get("learner_kernel"),
            "gemm": r.get("gemm"), "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
            "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}
 else:

@@ -274,7 +274,7 @@ def atari_spaces(env: str, cfg):
     import numpy as np
 
     gym.register_envs(ale_py)
-    n = cfg.atari_screen_size
+    n = cfg.atari.screen_size
     return gym.spaces.Box(0, 255, (cfg.frame_stack, n, n), np.uint8), gym.make(env).action_space
 
 

@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 # schedules give the learner only the cores no actor takes, and the planner prices a
 # multi-threaded learner on cores that busy actors share (hetrl/planner/model.py, SPIN).
 
-from hetrl.errors import HetrlError, UsageError  # noqa: E402
+from hetrl.errors import HetrlError, LearnContractError, UsageError  # noqa: E402
 from hetrl.registry import register_algorithm  # noqa: E402
 
 
@@ -50,4 +50,4 @@ def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for
 
 
 __all__ = ["train", "resume", "load", "Run", "Policy", "register_algorithm", "Algorithm", "ActingPolicy", "Config",
-           "HetrlError", "UsageError", "__version__"]
+           "HetrlError", "LearnContractError", "UsageError", "__version__"]

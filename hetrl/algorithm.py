@@ -24,9 +24,9 @@ What an algorithm declares:
 * :meth:`learn`: K gradient steps on K stacked batches, returning |TD| for the priorities;
 * its state (:meth:`state_dict` / :meth:`load_state_dict`: by default the modules named in ``nets``
   and the optimizers in ``optims``), and its replay fields (:meth:`replay_fields`);
-* optionally ``sb3``, a :class:`hetrl.sb3compat.SB3Compat`: what its Stable-Baselines3-style class
-  (``hetrl.sb3.model_class(name)``) takes from SB3: the class name, the constructor's defaults, the policy's
-  default layers and policy_kwargs, SB3's policy file; without it the class is the generic one.
+* optionally ``sb3``, a :class:`hetrl.sb3.SB3Compat`, read by the SB3 front end alone (hetrl/sb3/compat.py):
+  what its Stable-Baselines3-style class (``hetrl.sb3.model_class(name)``) takes from SB3; without it the class
+  is the generic one (the built-ins' are in the front end's own table).
 
 The learner core (hetrl/runtime/core.py) owns everything else: replay, the replay ratio, counters,
 publishing, checkpoints, evaluation, restarts. A learner *kernel* (hetrl/kernels/) may run `learn`'s
@@ -36,7 +36,7 @@ algorithm never imports one.
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional, Protocol
+from typing import Any, ClassVar, Optional, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -44,7 +44,6 @@ import torch
 
 from hetrl.config import Config
 from hetrl.errors import UsageError
-from hetrl.sb3compat import SB3Compat
 
 
 class ActingPolicy(Protocol):
@@ -126,8 +125,8 @@ class Algorithm:
     shape_settings: ClassVar[tuple[str, ...]] = ()
     # settings that change when it learns or acts: also shared by a population's members
     schedule_settings: ClassVar[tuple[str, ...]] = ()
-    # its Stable-Baselines3 facts for the SB3-style class (hetrl/sb3compat.py); None: the generic class
-    sb3: ClassVar[SB3Compat | None] = None
+    # an SB3Compat for its Stable-Baselines3-style class (hetrl/sb3/compat.py reads it); None: the generic class
+    sb3: ClassVar[Any] = None
     updates: int = 0                              # gradient steps taken (checkpointed)
 
     def __init__(self, cfg: Config, obs_space: gym.Space, act_space: gym.Space,

@@ -176,7 +176,7 @@ def cmd_train(args) -> int:
         _summary(run.result, Path(args.resume))
         return _exit_code(run)
     if args.hyperparams and not args.algo:
-        from hetrl import zoo
+        from hetrl.sb3 import zoo
 
         args.algo = zoo.algo_of(args.hyperparams)
     if not args.algo or not args.env:

@@ -89,7 +89,7 @@ def test_a_users_algorithm_gets_the_generic_class_or_the_one_its_sb3_attribute_d
 
     from hetrl import registry
     from hetrl.sb3 import model_class
-    from hetrl.sb3compat import SB3Compat
+    from hetrl.sb3 import SB3Compat
 
     cls = hetrl.TWINQ
     assert cls is model_class("twinq") and cls.__name__ == "TWINQ"

@@ -275,7 +275,7 @@ class Follower:
                 continue
             e = {"threads": t, "s": sum(w.learner_s for w in ws) / grads, "gradient_steps": grads,
                  "k": grads / max(1, sum(w.calls for w in ws)), "batch": self.cfg.batch_size,
-                 "schedule": self.plan.get("schedule", self.cfg.schedule),
+                 "schedule": self.plan.get("schedule", self.cfg.system.schedule),
                  "env_steps_per_s": statistics.median(w.rate for w in ws),
                  "foreign": max((w.foreign or 0.0) for w in ws), "run": run}
             if not quiet:

@@ -159,10 +159,10 @@ class Workload:
     @classmethod
     def from_config(cls, cfg, allow_more_envs: bool = False) -> "Workload":
         return cls(float(cfg.replay_ratio), int(cfg.batch_size), bool(cfg.prioritized), int(cfg.train_freq),
-                   grads_per_phase(cfg), int(cfg.publish_interval), bool(getattr(cfg, "overlap", True)),
-                   bool(getattr(cfg, "prefetch", True)), int(getattr(cfg, "insert_chunk", 0)),
-                   bool(getattr(cfg, "batched_insert", True)), 0 if allow_more_envs else int(cfg.num_envs),
-                   int(getattr(cfg, "priority_lag", 0)))
+                   grads_per_phase(cfg), int(cfg.system.publish_interval), bool(cfg.system.overlap),
+                   bool(cfg.system.prefetch), int(cfg.system.insert_chunk),
+                   bool(cfg.system.batched_insert), 0 if allow_more_envs else int(cfg.num_envs),
+                   int(cfg.priority_lag))
 
 
 @dataclass

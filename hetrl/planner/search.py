@@ -334,9 +334,9 @@ class PlanResult:
         device, threads, actors x envs_per_actor), the env backend measured faster (where cfg's is auto) and the
         learner loop's prefetch thread (schedules that have one; unless ``pinned`` by the user). The one place
         a planner setting is added; the learner kernel is chosen by the run itself from the same measurements
-        (hetrl/kernels/select.py), so cfg.learner_kernel stays as the user set it."""
+        (hetrl/kernels/select.py), so cfg.system.learner_kernel stays as the user set it."""
         out = dict(self.plan.settings())
-        if cfg.env_backend == "auto":
+        if cfg.system.env_backend == "auto":
             out["env_backend"] = self.env_backend
         if self.plan.schedule != "inline" and "prefetch" not in pinned:
             out["prefetch"] = self.prefetch
@@ -349,7 +349,7 @@ class PlanResult:
         if why:
             raise UsageError(f"the plan puts {why}: modelled, not runnable; plan without --all-placements "
                              "(placement='runnable') to get one this runtime runs")
-        new = dataclasses.replace(cfg, **self.system_settings(cfg, pinned))
+        new = cfg.replace(**self.system_settings(cfg, pinned))
         new.validate()
         return new
 

@@ -35,7 +35,7 @@ from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
 from hetrl.algos import make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, NonFiniteError, UsageError
+from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
@@ -65,6 +65,28 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.device.type == "cpu" and not t.requires_grad and t.dtype in (torch.float32, torch.float64, torch.float16):
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
+    """The protocol's promise of `learn(batches, weights)` (docs/extending.md), checked on a run's first learner
+    call: |TD| comes back as a finite, non-negative float tensor of shape (K, B) and `updates` moved by K. A breach
+    is a LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`."""
+    K, B = int(weights.shape[0]), int(weights.shape[1])
+    where = f"algorithm {algo!r}: learn(batches, weights) of K={K} batches of B={B}"
+    fix = "(docs/extending.md: learn); fix the algorithm's learn"
+    if not isinstance(td, torch.Tensor):
+        raise LearnContractError(f"{where} returned {type(td).__name__}, not |TD| as a float tensor of shape "
+                                 f"({K}, {B}) {fix}")
+    if not td.is_floating_point() or tuple(td.shape) != (K, B):
+        raise LearnContractError(f"{where} returned a {str(td.dtype).removeprefix('torch.')} tensor of shape "
+                                 f"{tuple(td.shape)}, not |TD| as a float tensor of shape ({K}, {B}) {fix}")
+    if advanced != K:
+        raise LearnContractError(f"{where} advanced self.updates by {advanced}, not by K={K}: add K to "
+                                 f"self.updates in learn {fix}")
+    if not _all_finite(td.detach()):
+        raise LearnContractError(f"{where} returned non-finite |TD| on the run's first call {fix}")
+    if bool((td.detach() < 0).any()):
+        raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")
 
 
 def setup_process(seed: int, threads: int) -> None:
@@ -149,7 +171,7 @@ class LearnerCore:
         # a learner of several threads drops to the cores other work leaves it, during the run, where its kernel's
         # results do not depend on the thread count (_use_kernel)
         self.governor = ThreadGovernor(max(1, threads), exact=False)
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.system.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(cfg, self.obs_space, self.act_space)
@@ -165,7 +187,7 @@ class LearnerCore:
                                                 arrays=self.storage_arrays)
         self.c = Counters()
         self.params: ParameterStore | None = None
-        self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
+        self.publish_every = max(1, cfg.system.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
         self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
@@ -181,6 +203,7 @@ class LearnerCore:
         self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
         self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
+        self._contract_checked = False                     # learn()'s contract, checked on the first call
 
     def twin(self):
         """A new algorithm object of this run's settings and spaces (kernels are checked on twins)."""
@@ -218,7 +241,7 @@ class LearnerCore:
         cfg = self.cfg
         return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
                             alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers,
-                            check_finite=cfg.check_finite, frames=self.frames)
+                            check_finite=cfg.system.check_finite, frames=self.frames)
 
     def insert(self, replay: ReplayBuffer, batch: dict, actor: int = 0) -> None:
         """Insert an actor's batch; non-finite data stops the run with where it came from."""
@@ -241,7 +264,7 @@ class LearnerCore:
         restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
-        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.env_backend)
+        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend)
 
     # ---- acting side ----------------------------------------------------------------------------
     def exploration(self, base: int, n: int, envs: int) -> list:
@@ -318,7 +341,11 @@ class LearnerCore:
         if self.lr_at is not None:
             self.schedule_lr()
         t0 = time.perf_counter()
+        before = self.algo.updates
         td = self.kernel.learn(stack, weights)
+        if not self._contract_checked:
+            check_learn_contract(self.cfg.algo, td, weights, self.algo.updates - before)
+            self._contract_checked = True
         self.learned(td, weights.shape[0], time.perf_counter() - t0)
         return td
 
@@ -347,7 +374,7 @@ class LearnerCore:
         c = self.c
         if self.learn_mark is None:
             self.learn_mark = (self.elapsed() - seconds, c.env_steps)
-        if self.cfg.check_finite and not _all_finite(td):
+        if self.cfg.system.check_finite and not _all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
@@ -443,7 +470,7 @@ class LearnerCore:
         self._in_flight.clear()       # grants made before the load belong to actors that start again
         self.reserved = 0
         saved = state.get("kernel")   # a resumed run keeps the kernel it was started with (where it applies here)
-        if saved and self.cfg.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
+        if saved and self.cfg.system.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
             self._use_kernel(kernels.choose(self.cfg, self.twin, self.obs_space, self.act_space, self.spec,
                                             self.device, 1, algo=self.algo, saved=saved))
         known = {f.name for f in fields(Counters)}

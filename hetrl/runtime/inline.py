@@ -25,7 +25,7 @@ class InlineSchedule(Schedule):
 
     def __init__(self, cfg: Config, env: EnvSpec):
         self.cfg, self.env = cfg, env
-        self.core = LearnerCore(cfg, env, threads=cfg.threads or os.cpu_count() or 1)
+        self.core = LearnerCore(cfg, env, threads=cfg.system.threads or os.cpu_count() or 1)
         self.replay = self.core.make_replay()
         self.params = InProcessParameterStore()
         self.core.attach(self.params)

@@ -128,7 +128,7 @@ class LocalSchedule(Schedule):
                 raise UsageError(f"env factory {env_name(env)} cannot be sent to actor processes (it is a lambda "
                                  "or a local function); --schedule local needs an env id or a module-level "
                                  "function") from None
-        if not cfg.overlap and not cfg.rate_limit:
+        if not cfg.system.overlap and not cfg.system.rate_limit:
             raise UsageError("overlap=false (lockstep) learns what the rate limiter allows between collect rounds; "
                              "keep rate_limit=true")
         self.lay = lay = layout(cfg)
@@ -146,8 +146,8 @@ class LocalSchedule(Schedule):
         self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
                          for _ in range(lay.actors)]
         self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
-        self._batches = BatchGroups(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.preallocate and on_cpu)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.prefetch else None
+        self._batches = BatchGroups(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.system.preallocate and on_cpu)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.system.prefetch else None
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
         self._episodes: list[tuple[float, int]] = []
@@ -187,7 +187,7 @@ class LocalSchedule(Schedule):
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
         args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor),
-                         self._staging[h.index], self.params, self.cfg.actor_one_thread)
+                         self._staging[h.index], self.params, self.cfg.system.actor_one_thread)
         ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         data_r, data_w = ctx.Pipe(duplex=False)
         life_r, life_w = ctx.Pipe(duplex=False)
@@ -242,7 +242,7 @@ class LocalSchedule(Schedule):
         handles = [h for h in self._fleet.handles if h.ready and not h.stopping and h.ctrl is not None]
         if not handles:
             return
-        lockstep = not self.cfg.overlap
+        lockstep = not self.cfg.system.overlap
         if lockstep and (self.core.reserved or self._ready is not None or self._allowed_group()):
             return
         start = self._next_actor % len(handles)
@@ -399,7 +399,7 @@ class LocalSchedule(Schedule):
         c, lay, wall = self.c, self.lay, self.c.wall_s
         return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
                 "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0, "startup_s": self.startup_s,
-                "optimisations": {k: getattr(self.cfg, k) for k in
+                "optimisations": {k: self.cfg.get(k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
     def close(self) -> None:

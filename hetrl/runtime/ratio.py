@@ -74,7 +74,7 @@ class ReplayRatio:
         if servers:   # remote actors: the window must hold every actor's chunk plus one group, or both sides wait
             error_buffer = max(error_buffer, lay.spi * lay.actors * lay.chunk + lay.group * cfg.batch_size)
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk,
-                   error_buffer=error_buffer, rate_limit=cfg.rate_limit, overlap=cfg.overlap, servers=servers)
+                   error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap, servers=servers)
 
     # ---- the insert side -------------------------------------------------------------------------
     def grant(self) -> int:

@@ -1,9 +1,9 @@
 """Stable-Baselines3's constructor arguments as hetrl settings: one mapping, used by the SB3-style classes
-(hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/zoo.py).
+(hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/sb3/zoo.py).
 
 `sb3_defaults(algo)` are SB3's (or SB3-contrib's) constructor defaults, filled in where the user gives no
 value: the class API is SB3's contract, not hetrl's presets. What differs between algorithms (defaults, the
-policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3compat.py). `to_settings` turns SB3 arguments into hetrl
+policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3/compat.py). `to_settings` turns SB3 arguments into hetrl
 settings and refuses, with one line naming it, an argument or value hetrl cannot honour.
 
 Units: SB3's train_freq counts calls to the vector env's step() (n_envs transitions each); hetrl's
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetrl import sb3compat
+from hetrl.sb3 import compat as sb3compat
 from hetrl.errors import UsageError
 
 # the arguments after every SB3 off-policy algorithm's own (the class keeps them; no hetrl setting)
@@ -45,11 +45,9 @@ def sb3_defaults(algo: str) -> dict[str, Any]:
     own = compat(algo).defaults
     if own is not None:
         return dict(own)
-    from hetrl.config import settings_class
+    from hetrl.config import defaults, settings_class
 
-    cls = settings_class(algo)
-    d = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
-         for f in dataclasses.fields(cls)}
+    d = defaults(settings_class(algo))
     out = {"learning_rate": d["lr"], **{k: d[k] for k in ("buffer_size", "learning_starts", "batch_size", "tau",
                                                          "gamma", "train_freq", "gradient_steps")},
            "action_noise": None, "replay_buffer_class": None, "replay_buffer_kwargs": None,
@@ -226,10 +224,9 @@ def to_settings(algo: str, given: dict[str, Any], *, policy: str = "MlpPolicy", 
                 act_dim: int | None = None, env: str = "default") -> tuple[dict[str, Any], dict[str, Any]]:
     """(hetrl settings, what the SB3-style class keeps itself) from SB3 arguments `given` (SB3's defaults fill the
     rest). Every key of the algorithm's presets is set, so the presets take no part (SB3's defaults do)."""
-    from hetrl.config import preset_for, settings_class
+    from hetrl.config import defaults, preset_for, settings_class
 
-    cls = settings_class(algo)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = defaults(settings_class(algo))   # every flat key -> its default
     args = {**sb3_defaults(algo), **given}
     out: dict[str, Any] = {}
     keep: dict[str, Any] = {}
@@ -282,6 +279,5 @@ def to_settings(algo: str, given: dict[str, Any], *, policy: str = "MlpPolicy", 
     # the presets' keys take the settings' own defaults where SB3 has no argument for them
     for k in preset_for(algo, env):
         if k not in out and k in fields and k not in ("steps", "seed"):
-            f = fields[k]
-            out[k] = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            out[k] = fields[k]
     return out, keep

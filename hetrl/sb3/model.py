@@ -41,7 +41,7 @@ from hetrl import api
 from hetrl.actors.envs import env_name, prepare_env, probe_spaces, raw_observation_space
 from hetrl.algos import make_algorithm
 from hetrl.checkpoint import FORMAT, read_checkpoint, save_run
-from hetrl.config import SYSTEM_KEYS, make_config, settings_class
+from hetrl.config import SYSTEM_KEYS, keys, make_config, settings_class
 from hetrl.errors import UsageError
 from hetrl.sb3 import args as sb3args
 from hetrl.sb3 import envs as sb3envs
@@ -61,7 +61,7 @@ class ReplayBufferView:
     def size(self) -> int:
         m = self._model
         if m.run is not None:
-            return len(m.run.schedule.replay)
+            return m.run.replay_size()
         replay = (m._pending or {}).get("replay")
         return int(replay["storage"]["size"]) if replay else 0
 
@@ -94,7 +94,7 @@ class OffPolicyModel:
         pname = sb3args.policy_name(policy, self.algo)
         conv = sb3envs.convert(env)
         own = {k: extra.pop(k) for k in OWN if k in extra}
-        fields = {f.name for f in dataclasses.fields(settings_class(self.algo))}
+        fields = set(keys(settings_class(self.algo)))
         for k, v in extra.items():
             if k not in fields:
                 raise UsageError(f"{type(self).__name__}(): unknown argument {k!r}; SB3's arguments are "
@@ -234,7 +234,7 @@ class OffPolicyModel:
     def learn(self, total_timesteps: int, callback=None, log_interval: int = 4, tb_log_name: str | None = None,
               reset_num_timesteps: bool = True, progress_bar: bool = False) -> "OffPolicyModel":
         """Train for total_timesteps env steps (SB3's learn); returns the model."""
-        from hetrl.callbacks import Hook, convert
+        from hetrl.sb3.callbacks import Hook, convert
 
         if self._conv is None:
             raise UsageError(f"this model has no env (loaded without one); pass env= to {type(self).__name__}.load(), "
@@ -282,9 +282,9 @@ class OffPolicyModel:
         try:
             state = self._state_for_run(run, zero_counters=reset)
             if state is not None:
-                run.schedule.load_state_dict(state)
+                run.load_state_dict(state)
             if self._lr_fn is not None:
-                run.schedule.core.lr_at = self._lr_fn
+                run.set_lr_schedule(self._lr_fn)
         except BaseException:
             run.close()
             raise
@@ -294,16 +294,16 @@ class OffPolicyModel:
 
     def _kernel_for_lr(self, cfg):
         """A callable learning_rate changes lr between learner calls, which a captured CUDA graph would not see."""
-        if self._lr_fn is None or cfg.learner_kernel not in ("auto", "cuda_graph"):
+        if self._lr_fn is None or cfg.system.learner_kernel not in ("auto", "cuda_graph"):
             return cfg
         from hetrl.runtime.core import resolve_device
 
-        if resolve_device(cfg.device).type != "cuda":
+        if resolve_device(cfg.system.device).type != "cuda":
             return cfg
-        if cfg.learner_kernel == "cuda_graph":
+        if cfg.system.learner_kernel == "cuda_graph":
             raise UsageError("learning_rate as a callable with learner_kernel=cuda_graph: a captured graph keeps lr "
                              "fixed; pass a float (or 'lin_X'), or learner_kernel='public'")
-        return dataclasses.replace(cfg, learner_kernel="public")
+        return cfg.replace(learner_kernel="public")
 
     def _state_for_run(self, run: api.Run, zero_counters: bool) -> dict | None:
         """What a new Run loads: the model's networks (unless as built), its counters (zero with
@@ -326,7 +326,7 @@ class OffPolicyModel:
         if run is None:
             return
         try:
-            state = run.schedule.state_dict(with_replay=True)
+            state = run.state_dict(with_replay=True)
             self._algo_obj = run.algo
             self._pending = {"counters": state["counters"] if keep_counters else {}, "torch_rng": state["torch_rng"],
                              "kernel": state.get("kernel"), "replay": state.get("replay")}
@@ -424,7 +424,7 @@ class OffPolicyModel:
             raise UsageError(f"set_parameters: {sorted(unknown)} are not the model's ({sorted(have)})")
         merged = {**have, **params}
         if self.run is not None:
-            self.run.schedule.core.load_algo(merged)
+            self.run.load_parameters(merged)
         else:
             algo.load_state_dict(merged)
             self._fresh = False
@@ -461,7 +461,7 @@ class OffPolicyModel:
             counters = dataclasses.asdict(Counters(**{k: v for k, v in ((self._pending or {}).get("counters") or
                                                                         {"env_steps": self.num_timesteps}).items()
                                                       if k in Counters.__dataclass_fields__}))
-            cfg = dataclasses.replace(self._cfg0, steps=max(1, self.num_timesteps))
+            cfg = self._cfg0.replace(steps=max(1, self.num_timesteps))
             state = {"algo": self._algo_obj.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
             save_run(d, config=cfg.to_dict(), env=cfg.env, state=state, result={"algo": self.algo, "env": cfg.env})
         meta = {"format": MODEL_FORMAT, "class": type(self).__name__, "algo": self.algo, "policy": self.policy_class,
@@ -498,7 +498,7 @@ class OffPolicyModel:
             own, policy, seed = {}, "MlpPolicy", int(cfgd["seed"])
             sb3 = sb3args.sb3_defaults(algo)
         lr_fn = extras.get("lr_fn")
-        fields = {f.name for f in dataclasses.fields(settings_class(algo))}
+        fields = set(keys(settings_class(algo)))
         for k, v in kwargs.items():
             if k == "learning_rate":
                 settings["lr"], lr_fn, settings["lr_schedule"] = sb3args.learning_rate(v)
@@ -549,7 +549,7 @@ class OffPolicyModel:
         if p.suffix == "":
             p = p.with_suffix(".pkl")
         p.parent.mkdir(parents=True, exist_ok=True)
-        replay = self.run.schedule.replay.state_dict() if self.run is not None else (self._pending or {}).get("replay")
+        replay = self.run.replay_state_dict() if self.run is not None else (self._pending or {}).get("replay")
         torch.save({"format": "hetrl-replay/1", "replay": replay}, p)
 
     def load_replay_buffer(self, path: str | os.PathLike, truncate_last_traj: bool = True) -> None:
@@ -570,7 +570,7 @@ class OffPolicyModel:
             return
         try:
             if self.run is not None:
-                self.run.schedule.replay.load_state_dict(replay)
+                self.run.load_replay_state_dict(replay)
             else:
                 self._pending = {**(self._pending or {}), "replay": replay}
         except (ValueError, RuntimeError, KeyError) as e:
@@ -668,7 +668,8 @@ _CLASSES: dict[str, type[OffPolicyModel]] = {}
 def class_name(algo: str) -> str:
     """The class name of a registered algorithm: SB3's spelling of its name where it declares one (its
     `sb3.class_name`: DQN, SAC, TD3, DDPG, CrossQ), else its name upper-cased."""
-    from hetrl import registry, sb3compat
+    from hetrl import registry
+    from hetrl.sb3 import compat as sb3compat
 
     return sb3compat.class_name(algo, registry.get(algo))
 

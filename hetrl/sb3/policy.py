@@ -5,7 +5,7 @@ read it: `torch.save({"state_dict", "data"})` of SB3's policy class) for the bui
 CNN, not dueling), DDPG, TD3 and SAC with Box (or image) observations and no layer_norm, where SB3 is installed:
 hetrl's networks have SB3's layer layout, so their weights are renamed into an SB3 policy object that loads
 them strictly before it saves. Which SB3 policy class, which networks and their renames: the algorithm's `sb3`
-attribute (hetrl/sb3compat.py). Anything else is refused with the reason (the whole model: model.save()).
+attribute (hetrl/sb3/compat.py). Anything else is refused with the reason (the whole model: model.save()).
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ def measure_envs(ctx: Context, policy: Callable) -> dict:
     # width are measured with and a plan with that many envs per actor runs (EnvPool where it has the env,
     # Gymnasium otherwise). Per width: EnvPool's C++ vector hands each step to its worker threads, which at one
     # or two cheap envs costs more than Gymnasium's step in Python and less from a few envs on
-    backend = "gymnasium" if cfg.env_backend == "auto" else cfg.env_backend
+    backend = "gymnasium" if cfg.system.env_backend == "auto" else cfg.system.env_backend
     out["env_backend"] = {"chosen": backend}
-    both = cfg.env_backend == "auto" and envpool_supports(env)
+    both = cfg.system.env_backend == "auto" and envpool_supports(env)
     at: dict[str, str] = {}
     for w in ctx.grid["widths"]:
         if not (ctx.wants("env", w) or ctx.wants("act", w)):   # a re-measurement of other entries: kept

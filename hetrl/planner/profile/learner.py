@@ -110,7 +110,7 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
                 if kept("learn", dev, th, B):
                     continue
                 ctx.say(f"learner update on {dev}, batch {B}, {th} thread(s)")
-                algo = learners.on(type(cfg)(**{**cfg.to_dict(), "batch_size": B}), dev)
+                algo = learners.on(cfg.replace(batch_size=B), dev)
                 batch, wts = synthetic_batch(ctx.spec, ctx.act_space, B, 1, dev)
                 learn[dev][str(th)][str(B)] = timed(dev, th, algo, batch, wts, 1,
                                                     learn[dev]["1"][str(B)] if th > 1 else None)

@@ -56,14 +56,14 @@ def network_key(cfg) -> str:
     from hetrl import registry
 
     for name in getattr(registry.get(cfg.algo), "shape_settings", ()):   # the algorithm's own (DQN: dueling)
-        value = getattr(cfg, name, None)
+        value = cfg.get(name)
         key += (f"-{name}" if value else "") if isinstance(value, bool) else f"-{name}{value}"
     return key
 
 
 def cache_path(cfg, machine: dict | None = None) -> Path:
     machine = machine or machine_info()
-    backend = "" if cfg.env_backend == "auto" else f"-{cfg.env_backend}"   # auto: the profile measured both
+    backend = "" if cfg.system.env_backend == "auto" else f"-{cfg.system.env_backend}"   # auto: the profile measured both
     return cache_dir() / f"profile-{cfg.algo}-{_slug(cfg.env)}-{network_key(cfg)}{backend}-{machine_id(machine)}.json"
 
 
