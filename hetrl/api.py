@@ -415,7 +415,7 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
          "`hetrl plan` explains it")
     for line in result.notes:
-        if "learning dynamics" in line:
+        if "learning dynamics" in line or "provisional" in line or "busy now" in line:   # (docs/planner.md)
             note(line)
     chosen = result.system_settings(cfg, pinned=settings)
     new = result.apply(cfg, pinned=settings)

@@ -9,7 +9,8 @@
 
 Parts: profile/ (measure, one module per part of the protocol, + the cached table), model.py (the formulas), search.py (candidates, objective,
 pins), power.py (RAPL / NVML / estimated watts), explain.py (tables), cli.py (`hetrl profile`,
-`hetrl plan`).
+`hetrl plan`), load.py (the machine's foreign load: entries measured under it are provisional), follow.py
+(a run's measured rate held against its plan, the next-best thread count tried at a phase boundary).
 """
 
 from __future__ import annotations

@@ -135,9 +135,10 @@ def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budg
     whole = watch.stop()
     data["load"] = whole.to_json() if whole is not None else None
     table = ProfileTable(data)
+    retry_until = time.perf_counter() + budget_s / 2   # the retries share half the budget again
     for _ in range(RETRIES):
-        todo = table.provisional_entries()
-        if not todo or not _remeasure(cfg, env, table, todo, budget_s / 2, cap_s, tol, quick, say, ipc, reader):
+        todo, left = table.provisional_entries(), retry_until - time.perf_counter()
+        if not todo or left < 1.0 or not _remeasure(cfg, env, table, todo, left, cap_s, tol, quick, say, ipc, reader):
             break
     data["profile_s"] = round(time.perf_counter() - t_start, 2)
     return table
