@@ -124,7 +124,8 @@ def train(algo: str, env_id: str, steps: int, variant: str, extra: list[str], en
     plan = (r.get("plan") or {}).get("plan") or {}
     prof = (r.get("plan") or {}).get("profile") or {}
     return {"variant": variant, "env_steps_per_s_learning": r.get("env_steps_per_s_learning"),
-            "env_steps_per_s": r.get("env_steps_per_s"), "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
+            "env_steps_per_s": r.get("env_steps_per_s"),
+            "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
             "plan": {k: plan.get(k) for k in ("schedule", "actors", "envs_per_actor", "threads")},
             "threads": r.get("threads"), "learner_kernel": r.get("learner_kernel"),
             "plans_tried": r.get("plans_tried"), "plan_follow": r.get("plan_follow"),
@@ -155,7 +156,8 @@ def main() -> None:
             steps = quick_steps if args.quick else steps
             print(f"{name}: profiling {algo} on {env_id} while a hog holds a core ...", file=sys.stderr, flush=True)
             prof = profile_under_hog(algo, env_id, extra, env)
-            print(f"  {prof['provisional']} provisional entries (learner threads {prof['provisional_learner_threads']})",
+            print(f"  {prof['provisional']} provisional entries (of learner threads "
+                  f"{prof['provisional_learner_threads']})",
                   file=sys.stderr, flush=True)
             time.sleep(2.0)   # the hog's core given back
             runs = []

@@ -243,7 +243,8 @@ class Follower:
             self.base = alt
             self.why = f"{alt} learner thread(s) measured {a.rate():,.0f} env steps/s against {base_rate:,.0f}: kept"
         else:
-            self.why = f"{alt} learner thread(s) measured {a.rate():,.0f} env steps/s against {base_rate:,.0f}: not kept"
+            self.why = (f"{alt} learner thread(s) measured {a.rate():,.0f} env steps/s against {base_rate:,.0f}: "
+                        "not kept")
         self._switch(self.base)
         self.write_back()
         if self.base == alt and a.rate() < self.predicted * (1 - MODEL_ERROR) and self.trials < MAX_TRIALS \
@@ -306,8 +307,8 @@ class Follower:
             p = {k: self.plan.get(k) for k in ("schedule", "actors", "envs_per_actor", "learner_device")}
             tried.append({"plan": {**p, "threads": t}, "predicted_env_steps_per_s": x.predicted,
                           "measured_env_steps_per_s": round(x.rate(), 2) if x.windows else None,
-                          "measured_step_s": (sum(w.learner_s for w in x.windows) / max(1, sum(w.grads for w in x.windows))
-                                              if x.windows else None),
+                          "measured_step_s": (sum(w.learner_s for w in x.windows)
+                                              / max(1, sum(w.grads for w in x.windows)) if x.windows else None),
                           "windows": len(x.windows), "loaded_windows": sum(bool(w.loaded) for w in x.windows),
                           "kept": t == self.base})
         return {"plans_tried": tried,

@@ -482,10 +482,11 @@ class ProfileTable:
 
 
 _ENTRY_NAMES = {"env": "env step", "act": "actor step", "infer": "inference", "learn": "learner update",
-                "learn_grouped": "learner update, grouped", "param_sync": "param publish+load", "ds_insert": "DS insert",
+                "learn_grouped": "learner update, grouped", "param_sync": "param publish+load",
+                "ds_insert": "DS insert",
                 "ds_gather": "DS gather", "prefetch": "learner loop, prefetch vs in line", "rm_insert": "RM insert",
-                "rm_sample": "RM sample (prio)", "rm_uniform": "RM sample (uniform)", "rm_update": "RM priority update",
-                "transfer": "transfer"}
+                "rm_sample": "RM sample (prio)", "rm_uniform": "RM sample (uniform)",
+                "rm_update": "RM priority update", "transfer": "transfer"}
 
 
 def entry_name(path: tuple[str, ...]) -> str:
@@ -546,10 +547,11 @@ IN_RUN_MIN_STEPS = 200             # an in-run learner figure needs this many gr
 
 def record_in_run(path: str | Path, device: str, entries: list[dict]) -> list[dict]:
     """Write what a run measured of its learner into its cached profile, marked measured in a run: per schedule and
-    thread count (``in_run/learn/DEVICE/SCHEDULE/THREADS``), ``{"threads", "s" (seconds per gradient step), "k" (steps per call), "batch", "schedule",
-    "env_steps_per_s", "foreign" (cores other processes kept busy meanwhile), "at", "run"}`` and, where other
-    processes kept cores busy meanwhile, ``provisional`` (why). The model prices a plan of that workload with
-    it (ProfileTable.learn_step) instead of the profiled figure. Returns the entries written."""
+    thread count (``in_run/learn/DEVICE/SCHEDULE/THREADS``), ``{"threads", "s" (seconds per gradient step), "k"
+    (steps per call), "batch", "schedule", "env_steps_per_s", "foreign" (cores other processes kept busy
+    meanwhile), "at", "run"}`` and, where other processes kept cores busy throughout, ``provisional`` (why).
+    The model prices a plan of that workload and schedule with it (ProfileTable.in_run) instead of the profiled
+    figure. Returns the entries written."""
     try:
         table = ProfileTable.load(Path(path))
     except (ValueError, KeyError, OSError):
