@@ -191,7 +191,7 @@ def test_hetrl_plan_and_profile_list_the_provisional_entries_and_why(cache, caps
     out = capsys.readouterr()
     assert "provisional profile entries" in out.out and "kept: the machine is busy now" in out.err
     assert "learner update cpu, 1 thread(s), B=32: measured under load: other processes kept 1.2" in out.out
-    assert "env step, 1 env(s): measured under load" in out.out
+    assert "actor step, 1 env(s): measured under load" in out.out
     assert run("plan", "dqn", "--env", "CartPole-v1", *sets, "--quick", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
     assert {"entry": "learn/cpu/1/32", "name": "learner update cpu, 1 thread(s), B=32"}.items() <= \
