@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000")
     ap.add_argument("--first-round", type=int, default=0,
                     help="number of the first round (its library order): continue an earlier run's rotation")
-    ap.add_argument("--out", default=str(HERE / "results" / "bench_sb3.json"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/ under the naming scheme")
     args = ap.parse_args()
     libs = args.libs.split(",")
     blas_env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
@@ -128,7 +128,8 @@ def main() -> None:
               + "".join(f"; {k} {v:.2f}x" for k, v in ratios.items()))
         report["cases"].append({"algo": algo, "env": env, "steps": steps, "extra": extra, "runs": rows,
                                 "median_env_steps_per_s": med, "ratios": ratios})
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_sb3", args.cases))
     out.parent.mkdir(exist_ok=True)
     report["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     out.write_text(json.dumps(report, indent=2))

@@ -1,4 +1,4 @@
-"""A Stable-Baselines3 model built from a hetrl preset (hetrl/presets.yaml): the same hyperparameters.
+"""A Stable-Baselines3 model built from a hetrl preset (hetrl/algos/*.yaml): the same hyperparameters.
 
     from sb3_preset import sb3_model      # benchmarks/ on sys.path (the benchmarks' child processes)
     model = sb3_model(make_config("dqn", "CartPole-v1"), "CartPole-v1")
