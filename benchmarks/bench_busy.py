@@ -17,8 +17,9 @@ the default plan's median over the best hand-set plan's median (the planner shou
 default plan's measured / predicted rate, the profile's provisional entries (taken under the hog), what the
 first planned run measured again once the hog was gone, and what each run's follower did (plans_tried). Around
 every run the foreign load (other programs' work, hetrl/planner/load.py) is recorded, to judge the figures by:
-run it on a machine nobody else uses. Writes benchmarks/results/bench_busy_DATE_MACHINE_COMMIT.json
-(--quick: a smoke run of tiny runs, one round, written to a temporary file unless --out).
+run it on a machine nobody else uses. Writes benchmarks/results/bench_busy_td3-pendulum+dqn-cartpole_DATE_MACHINE_
+COMMIT.json (benchmarks/result_files.py; --quick: a smoke run of tiny runs, one round, written to the temporary
+folder unless --out).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(HERE)]
 
 from hetrl.planner.load import Watch  # noqa: E402
+from result_files import commit, result_path  # noqa: E402  (benchmarks/result_files.py: the naming scheme)
 
 CASES = {   # name: (algo, env, steps, quick steps, settings of the quick runs)
     "td3": ("td3", "Pendulum-v1", 15000, 1500, ["--set", "learning_starts=300", "--set", "net_arch=[64,64]"]),
@@ -54,21 +56,6 @@ def cpu() -> dict:
     flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
     return {"model": model, "cores": os.cpu_count(), "avx512": "avx512f" in flags, "avx2": "avx2" in flags,
             "amx": "amx_tile" in flags}
-
-
-def machine_tag(c: dict) -> str:
-    model = c["model"]
-    name = "epyc" if "EPYC" in model else "xeon" if "Xeon" in model else (model.split()[0].lower() if model else "cpu")
-    isa = "amx" if c["amx"] else "avx512" if c["avx512"] else "avx2" if c["avx2"] else os.uname().machine
-    return f"{name}-{isa}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def loadavg() -> float | None:
@@ -186,12 +173,9 @@ def main() -> None:
                   f"default measured / predicted: {doc['cases'][name]['default_measured_over_predicted'] or 0:.2f}",
                   file=sys.stderr, flush=True)
     doc["loadavg_after"] = loadavg()
-    if args.out:
-        out = Path(args.out)
-    elif args.quick:
-        out = Path(tempfile.gettempdir()) / f"bench_busy_quick_{doc['date']}_{machine_tag(c)}_{doc['commit']}.json"
-    else:
-        out = HERE / "results" / f"bench_busy_{doc['date']}_{machine_tag(c)}_{doc['commit']}.json"
+    cases = ",".join(f"{CASES[n][0]}:{CASES[n][1]}" for n in args.cases.split(","))
+    out = Path(args.out) if args.out else result_path("bench_busy", cases,
+                                                      folder=Path(tempfile.gettempdir()) if args.quick else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: {kk: v[kk] for kk in ("median_env_steps_per_s_learning", "default_over_best_hand_set",
