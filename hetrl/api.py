@@ -284,7 +284,8 @@ class Run:
         # other processes' load (an actor process, a neighbour's job), which is not this machine's speed
         threads, learner_s, steps = self.schedule.core.governor.mostly()
         entry = calibrate(path, plan["plan"]["learner_device"], self.cfg.batch_size, threads,
-                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""))
+                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""),
+                          provisional=self.follow.loaded())
         if entry is not None:
             self.result["calibration"] = entry
             self.plan_info["calibration"] = entry

@@ -34,12 +34,13 @@ class Readings:
     """Load samples of a machine where other processes keep `foreign` cores busy beside this process tree's own
     (real) CPU time: the reading the profiler takes, injected."""
 
-    def __init__(self, foreign: float, cores: int = 2):
-        self.foreign, self.cores, self.t0 = foreign, cores, time.perf_counter()
+    def __init__(self, foreign: float, cores: int = 2, clock=None):
+        self.foreign, self.cores, self.clock = foreign, cores, clock   # clock: a simulated run's (its own CPU: none)
+        self.t0 = clock() if clock else time.perf_counter()
 
     def __call__(self) -> Sample:
-        t = time.perf_counter()
-        own = tree_cpu_s()
+        t = self.clock() if self.clock else time.perf_counter()
+        own = 0.0 if self.clock else tree_cpu_s()
         busy = (own + self.foreign * (t - self.t0)) / self.cores
         return Sample(t, [busy] * self.cores, [max(0.0, t - self.t0 - busy)] * self.cores, own, 0.1)
 
@@ -266,6 +267,19 @@ def test_what_a_run_measured_prices_its_workload(tmp_path):
     assert again.thread_scaling("cpu", 2) == (2.0, "measured in inline runs on this machine")
 
 
+def test_a_calibration_from_a_run_under_load_is_kept_apart(tmp_path):
+    from hetrl.planner.profile import calibrate
+
+    table = synthetic_table(learn_s={"cpu": {1: 4e-3}}, batch_size=32)
+    table.save(tmp_path / "p.json")
+    quiet = calibrate(tmp_path / "p.json", "cpu", 32, 1, 1, 4.4, 1000)
+    loaded = calibrate(tmp_path / "p.json", "cpu", 32, 1, 1, 12.0, 1000, provisional="measured in a run under load")
+    assert quiet["factor"] == pytest.approx(1.1) and loaded["factor"] == pytest.approx(3.0)
+    again = ProfileTable.load(tmp_path / "p.json")
+    assert again.calibration("cpu")["factor"] == pytest.approx(1.1)      # the quiet run's stays the one priced
+    assert again.data["calibration"]["learn_provisional"]["cpu"]["provisional"] == "measured in a run under load"
+
+
 # --- the follower ---------------------------------------------------------------------------------------------
 class _Kernel:
     threads_exact = True
@@ -294,14 +308,14 @@ class SimulatedRun:
         self.c.learner_s += seconds * 0.8
 
 
-def _follow(run: SimulatedRun, table_path, predicted: float, pins=None, steps=10**6):
+def _follow(run: SimulatedRun, table_path, predicted: float, pins=None, steps=10**6, foreign: float = 0.0):
     cfg = make_config("dqn", "CartPole-v1", {**TINY, "steps": steps, "train_freq": 1, "gradient_steps": 1})
     info = {"predicted_env_steps_per_s": predicted,
             "plan": {"plan": {"schedule": "inline", "actors": 1, "envs_per_actor": 1, "learner_device": "cpu",
                               "storage_device": "cpu", "replay_device": "cpu", "actor_inference_device": "cpu",
                               "batch_size": 32, "threads": run.governor.threads},
                      "pins": pins or {}, "cores": 2, "profile": {"path": str(table_path)}}}
-    f = follow.Follower(run, cfg, info, warm_s=0.2, window_s=0.5, reader=Readings(0.0))
+    f = follow.Follower(run, cfg, info, warm_s=0.2, window_s=0.5, reader=Readings(foreign, clock=run.elapsed))
     while run.t < 12.0:
         run.step()
         f.phase()
@@ -341,6 +355,10 @@ def test_a_run_within_the_models_error_or_unable_to_switch_tries_nothing(tmp_pat
         f = _follow(run, tmp_path / "p.json", predicted=600.0, pins=pins)
         assert f.figures()["plan_follow"]["short"] and words in f.figures()["plan_follow"]["why"]
         assert [p["plan"]["threads"] for p in f.figures()["plans_tried"]] == [1] and run.governor.planned == 1
+    busy = _follow(SimulatedRun({1: 300.0, 2: 450.0}, threads=1), tmp_path / "p.json", predicted=320.0, foreign=1.5)
+    assert busy.loaded().startswith("measured in a run under load") and ok.loaded() is None
+    runs = json.loads((tmp_path / "p.json").read_text())["in_run"]["learn"]["cpu"]["inline"]
+    assert runs["1"]["provisional"].startswith("measured in a run under load")
     short_run = _follow(SimulatedRun({1: 300.0, 2: 450.0}, threads=1), tmp_path / "p.json", predicted=600.0,
                         steps=2000)
     assert "too soon" in short_run.figures()["plan_follow"]["why"]

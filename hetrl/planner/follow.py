@@ -299,6 +299,17 @@ class Follower:
                         f"{self.window_s:g} s measured after {self.warm_s:g} s of learning)")
         self.write_back(run)
 
+    def loaded(self) -> str | None:
+        """Why the run's learner figures are not the machine's truth (other programs kept cores busy in most of its
+        windows), else None: its calibration is then kept apart (profile/table.py: calibrate)."""
+        if self.state == "off":
+            return None
+        ws = [w for x in self.tried.values() for w in x.windows]
+        busy = [w for w in ws if w.loaded]
+        if not ws or 2 * len(busy) <= len(ws):
+            return None
+        return f"measured in a run under load ({len(busy)} of {len(ws)} windows): {busy[-1].loaded}"
+
     def figures(self) -> dict:
         if self.state == "off":
             return {}

@@ -517,12 +517,15 @@ CALIBRATION_RANGE = (0.25, 4.0)    # a factor outside is a different workload, n
 
 
 def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float, learner_s: float,
-              gradient_steps: int, run: str = "") -> dict | None:
+              gradient_steps: int, run: str = "", provisional: str | None = None) -> dict | None:
     """Feed a finished run's measured learner time back into its cached profile: the factor between
     the seconds per gradient step the run measured and the profile's figure for the same device,
     batch, threads and steps per call. The next plan on this machine predicts with it (a CPU shared with
     other programs changes speed with their load: a profile measured while it was quiet over-predicts
     a run made while it is busy).
+    A run made while other programs kept cores busy (`provisional`: why, as the run's follower saw it) is
+    not the machine's truth: its factor is kept apart (``calibration/learn_provisional``), shown, never priced
+    with, and the last quiet run's factor stays.
     Returns the calibration entry written, or None when the run was too short to say."""
     if gradient_steps < CALIBRATION_MIN_STEPS or learner_s < CALIBRATION_MIN_S:
         return None
@@ -536,8 +539,10 @@ def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float,
     if not CALIBRATION_RANGE[0] <= factor <= CALIBRATION_RANGE[1]:
         return None
     entry = {"factor": round(factor, 4), "measured_step_s": measured, "profiled_step_s": profiled,
-             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run}
-    table.data.setdefault("calibration", {}).setdefault("learn", {})[device] = entry
+             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run,
+             **({"provisional": provisional} if provisional else {})}
+    section = "learn_provisional" if provisional else "learn"
+    table.data.setdefault("calibration", {}).setdefault(section, {})[device] = entry
     table.save(Path(path))
     return entry
 
