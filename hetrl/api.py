@@ -324,7 +324,7 @@ class Run:
         state["best"], state["evaluations"] = evals["best"], evals["history"]
         self.result = {**self._result(), **_evals(self.result)}
         d = save_run(Path(path), config=self.cfg.to_dict(), env=env_name(self.env), state=state, result=self.result,
-                     replay=self.replay_state_dict() if replay else None)
+                     replay={**self.replay_state_dict(), "actors": self.schedule.actors_state()} if replay else None)
         self._replay_saved = self._replay_saved or bool(replay)
         return d
 
