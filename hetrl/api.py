@@ -128,6 +128,9 @@ class Run:
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
         self.evaluations = Evaluations(cfg.eval_episodes, self._eval_interval(), cfg.seed, cfg.eval_max_steps)
         self._replay_saved = False
+        from hetrl.planner.follow import follower   # the plan held against the measured rate (docs/planner.md)
+
+        self.follow = follower(self.schedule, cfg, self.plan_info)
 
     def _eval_interval(self) -> int:
         return self.cfg.eval_interval or max(1, self.cfg.steps // 10)
@@ -224,6 +227,7 @@ class Run:
                 while not s.done() and not stop:
                     eps = s.phase()
                     core.tick()
+                    self.follow.phase()
                     if self.evaluations.due(s.c.env_steps, s.done()):
                         with core.clock_paused():
                             self.evaluate_now(logger)
@@ -237,6 +241,7 @@ class Run:
                         break
             self.interrupted = stop.signal or self.interrupted
             _hook(callback, "training_end", self)
+            self.follow.finish(str(self.out or ""))
             self.result = self._result()
             self._calibrate()
             if self.out is not None:
@@ -284,7 +289,8 @@ class Run:
         # other processes' load (an actor process, a neighbour's job), which is not this machine's speed
         threads, learner_s, steps = self.schedule.core.governor.mostly()
         entry = calibrate(path, plan["plan"]["learner_device"], self.cfg.batch_size, threads,
-                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""))
+                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""),
+                          provisional=self.follow.loaded())
         if entry is not None:
             self.result["calibration"] = entry
             self.plan_info["calibration"] = entry
@@ -312,7 +318,7 @@ class Run:
                    if best else {}),
                 "evaluations": self.evaluations.history,
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
-                **self.plan_info, "config": self.cfg.to_dict(), **_evals(self.result)}
+                **self.plan_info, **self.follow.figures(), "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
@@ -323,7 +329,7 @@ class Run:
         state["best"], state["evaluations"] = evals["best"], evals["history"]
         self.result = {**self._result(), **_evals(self.result)}
         d = save_run(Path(path), config=self.cfg.to_dict(), env=env_name(self.env), state=state, result=self.result,
-                     replay=self.replay_state_dict() if replay else None)
+                     replay={**self.replay_state_dict(), "actors": self.schedule.actors_state()} if replay else None)
         self._replay_saved = self._replay_saved or bool(replay)
         return d
 
@@ -415,7 +421,7 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
          "`hetrl plan` explains it")
     for line in result.notes:
-        if "learning dynamics" in line:
+        if "learning dynamics" in line or "provisional" in line or "busy now" in line:   # (docs/planner.md)
             note(line)
     chosen = result.system_settings(cfg, pinned=settings)
     new = result.apply(cfg, pinned=settings)

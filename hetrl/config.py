@@ -44,6 +44,9 @@ class SystemSettings:
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
     check_finite: bool = True           # stop at the first NaN/inf in inserted data or in the learner's TD errors
     log_interval: int = 2_000           # env steps between logged scalars
+    reproducible: bool = True           # the same seed gives the same run on this machine: the local schedule runs in
+                                        # phases (actors one phase behind, the learner sampling the replay as it
+                                        # stood at a phase boundary); false: timing decides (result.json says which)
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
     envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)
@@ -82,6 +85,9 @@ class SystemSettings:
             raise UsageError(f"actors={self.actors} is more than hetrl supports (4096); lower --actors")
         if not self.ray_actor_cpus > 0:
             raise UsageError(f"ray_actor_cpus must be > 0, got {self.ray_actor_cpus}")
+        if self.reproducible and not self.rate_limit and self.schedule != "inline":
+            raise UsageError("rate_limit=false learns while env steps come in, as fast as timing has it, which no seed "
+                             "reproduces; keep rate_limit=true or set reproducible=false")
         if self.actors and self.replay_shards > self.actors:
             raise UsageError(f"replay_shards={self.replay_shards} is more than actors={self.actors}: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")

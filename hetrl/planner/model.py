@@ -17,7 +17,10 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     a  = act(w, inference device) / w                        actor time per env step (one core)
     i  = [ds_insert(DS, n) + x(cpu->DS, n b) + p rm_insert(RM, n) (+ ipc message, local)] / n
     s  = [rm_sample(RM, kB) + x(RM->DS, 8kB) + ds_gather(DS, kB) + x(DS->L, kB b) + x(RM->L, 4kB)] / k
-    l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1)
+    l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1); what a run
+                            of this workload measured at t threads under this schedule where one did
+                            (measured in a run, follow.py), a t > 1 figure measured under load priced as
+                            the 1-thread one x the quiet machine's thread scaling
     u  = p [x(L->RM, 4B) + rm_update(RM, B)]
     y  = param_sync(L) / (gradient steps per publish)
     g  = s + l + u + y               main process, wall time per gradient step
@@ -266,7 +269,8 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     gather = T.op("ds_gather", DS, kg * B)
     x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
     s = (keys + x_keys + gather + x_batch) / kg
-    l = T.learn_step(L, B, plan.threads, kg) * spin
+    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, else profiled
+    l = float(ran["s"]) if ran is not None else T.learn_step(L, B, plan.threads, kg) * spin
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1

@@ -73,8 +73,10 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
     """The protocol's promise of `learn(batches, weights)` (docs/extending.md), checked on a run's first learner
-    call: |TD| comes back as a finite, non-negative float tensor of shape (K, B) and `updates` moved by K. A breach
-    is a LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`."""
+    call: |TD| comes back as a non-negative float tensor of shape (K, B) and `updates` moved by K. A breach is a
+    LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`. That |TD|
+    is finite is checked on every call (check_finite: a NonFiniteError, the loss diverged), so NaN/inf there is
+    not a breach of the protocol but of the run."""
     K, B = int(weights.shape[0]), int(weights.shape[1])
     where = f"algorithm {algo!r}: learn(batches, weights) of K={K} batches of B={B}"
     fix = "(docs/extending.md: learn); fix the algorithm's learn"
@@ -87,8 +89,6 @@ def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) ->
     if advanced != K:
         raise LearnContractError(f"{where} advanced self.updates by {advanced}, not by K={K}: add K to "
                                  f"self.updates in learn {fix}")
-    if not _all_finite(td.detach()):
-        raise LearnContractError(f"{where} returned non-finite |TD| on the run's first call {fix}")
     if bool((td.detach() < 0).any()):
         raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")
 
@@ -172,8 +172,9 @@ class LearnerCore:
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         self._threads_before = torch.get_num_threads()   # given back by close()
         setup_process(cfg.seed, threads)
-        # a learner of several threads drops to the cores other work leaves it, during the run
-        self.governor = ThreadGovernor(max(1, threads))
+        # a learner of several threads drops to the cores other work leaves it, during the run, where its kernel's
+        # results do not depend on the thread count (_use_kernel)
+        self.governor = ThreadGovernor(max(1, threads), exact=False)
         self.device = resolve_device(cfg.system.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
@@ -206,7 +207,12 @@ class LearnerCore:
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
         self._in_flight: dict[object, tuple[int, int]] = {}   # grant -> (gradient steps of the params then, env steps)
         self.reserved = 0                                # env steps granted, not yet inserted
-        self.max_lag = lay.max_lag if lay is not None else 0   # the policy-lag bound (0: none, e.g. inline)
+        # reproducible: one process alternating (inline), or phases (a schedule with actors and no replay servers);
+        # else the actors and the learner go as timing has them, under the rate limiter and the policy-lag bound.
+        # On-policy: every schedule alternates whole rollouts with their learner phases (reproducible, no lag)
+        self.reproducible = lay is None or self.rollout or (cfg.system.reproducible and not servers)
+        phased = lay is not None and self.reproducible and not self.rollout
+        self.max_lag = lay.max_lag if lay is not None and not phased and not self.rollout else 0   # (0: none)
         if self.rollout:
             self.ratio = RolloutRatio(self, lay.chunk if lay is not None else None)
             self.publish_every = UNBOUNDED   # a rollout's phase publishes once, at its end
@@ -215,7 +221,9 @@ class LearnerCore:
             self.rollout_stats: dict[str, float] = {}
             self._ones: dict[tuple, torch.Tensor] = {}
         else:
-            self.ratio = ReplayRatio.overlapped(self, lay, servers) if lay is not None else ReplayRatio.alternating(self)
+            self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
+                          else ReplayRatio.overlapped(self, lay, servers))
+        self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
         self.restarts = Restarts(self)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
@@ -237,6 +245,7 @@ class LearnerCore:
             self.kernel.close()
         self.kernel_choice = choice
         self.kernel = kernels.build(choice, self.algo)
+        self.governor.exact = bool(self.kernel.threads_exact)
         self.governor.apply = self.kernel.use_threads
         self.governor.apply(self.governor.threads)
 
@@ -490,7 +499,7 @@ class LearnerCore:
         self.governor.record(seconds, steps)
         c.gradient_steps += steps
         c.phases += 1
-        if c.gradient_steps - self._published_at >= self.publish_every:
+        if c.gradient_steps - self._published_at >= self.publish_every and not self.hold_publish:
             self.publish(changed_only=True)
 
     def schedule_lr(self) -> None:
@@ -555,7 +564,7 @@ class LearnerCore:
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
-               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures(),
+               "actor_restarts": c.restarts, "reproducible": self.reproducible, "replay_bytes": self.replay_bytes, **self.governor.figures(),
                "learner_kernel": self.kernel.name, "learner_kernel_source": self.kernel_choice.source,
                "compile_s": self.kernel.compile_s, **self.kernel.figures(), **self.ratio.figures()}
         out.update(peak_memory(self.device))
@@ -643,6 +652,7 @@ class Schedule(abc.ABC):
         return self.core.device
 
     PHASE_S = 0.1                  # a phase() returns after about this long (Ctrl-C is seen quickly); 0: one _step
+    _said_actors = False           # the line about a resume without the actors' state was printed
     _closed = False
     _episodes: list
 
@@ -674,6 +684,16 @@ class Schedule(abc.ABC):
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
 
+    def actors_state(self) -> dict:
+        """The actors' state for an exact resume (Actor.state_dict of each: envs, RNGs, pending n-step transitions,
+        acting policies), saved with the replay: {"actors": [...]} or {"unsaved": why} where a schedule's actors
+        cannot be saved; a resumed run then restarts its episodes (seeded from the step count)."""
+        return {"unsaved": f"the {self.name} schedule's actors are not saved"}
+
+    def _load_actors(self, state: dict) -> bool:
+        """Actors as actors_state() saved them, in place of new ones; False where that is not possible here."""
+        return False
+
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
 
@@ -692,9 +712,19 @@ class Schedule(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint of any schedule (one format): the learner, its counters, and the replay if saved."""
         self.core.load_state_dict(state)
+        actors = None
         if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
+            replay = dict(state["replay"])
+            actors = replay.pop("actors", None)
+            self.replay.load_state_dict(replay)
+        if actors is not None and "actors" in actors and self._load_actors(actors):
+            return
         self._restart_actors()
+        if actors is not None and not Schedule._said_actors:
+            Schedule._said_actors = True   # once per process (a population's members share the reason)
+            why = actors.get("unsaved") or f"they were saved by another schedule than {self.name}'s"
+            print(f"hetrl: resuming without the actors' state ({why}): the actors start new episodes, so the "
+                  "run leaves the path of one that never stopped", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "Schedule":
         return self

@@ -155,6 +155,11 @@ class LocalSchedule(Schedule):
         self._ready = None         # a drawn group not yet learned
         self._episodes: list[tuple[float, int]] = []
         self._next_actor = 0
+        # a reproducible run goes in phases (core.ratio.phased): chunks wait in their staging halves for the phase
+        # boundary, where they go in in actor order; phase() returns at a boundary
+        self._phased = core.ratio.phased
+        self._arrived: list[tuple] = []
+        self._boundaries = 0
         self._finished = False
         self._closed = False
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
@@ -214,11 +219,54 @@ class LocalSchedule(Schedule):
         return [h.proc.pid for h in self._fleet.handles if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
+    def phase(self) -> list[tuple[float, int]]:
+        """Phases (reproducible): up to the next phase boundary, so that evaluations and callbacks see the run at
+        the same points whatever the timing; else about PHASE_S."""
+        if not self._phased or self._closed:
+            return super().phase()
+        start = self._boundaries
+        while not self.done() and self._boundaries == start:
+            self._step()
+        eps, self._episodes = self._episodes, []
+        return eps
+
     def _step(self) -> None:
         self._pump(timeout=0.0)
+        if self._phased:
+            if self._at_boundary():
+                self._boundary()
+            elif not self._learn_step():
+                self._pump(timeout=self.PHASE_S)
+            return
         self._grant()
         if not self._learn_step():
             self._pump(timeout=self.PHASE_S)
+
+    def _at_boundary(self) -> bool:
+        """Every chunk of the phase is in its staging half and the learner drew and learned what it owes."""
+        handles = self._fleet.handles
+        return (all(h.ready and not h.outstanding for h in handles) and self._ready is None
+                and self._pending is None and self._allowed_group() == 0)
+
+    def _boundary(self) -> None:
+        """A phase boundary: the learner's policy is published (the next phase acts with it: one phase behind the
+        learner), the phase's chunks go in in actor order, and every actor is granted the next phase's chunk."""
+        self.core.publish(changed_only=True)
+        for index, half, rows, steps, version, busy in sorted(self._arrived, key=lambda a: a[0]):
+            self._insert(self._fleet.handles[index], half, rows, steps, version, busy)
+        self._arrived = []
+        for h in self._fleet.handles:
+            grant = self.core.next_grant(self.lay.envs_per_actor)
+            if grant is None or h.ctrl is None:
+                break
+            n, table = grant
+            try:
+                h.ctrl.send((0, n, table))
+            except OSError:
+                break  # it died: its sentinel tells _pump
+            h.outstanding[0] = n
+            self.core.granted((h.index, 0), n)
+        self._boundaries += 1
 
     def done(self) -> bool:
         return self._check_finished()
@@ -350,7 +398,11 @@ class LocalSchedule(Schedule):
         kind = msg[0]
         if kind == "chunk":
             _, half, rows, steps, version, episodes, busy = msg
-            self._insert(h, half, rows, steps, version, busy)
+            if self._phased:   # in at the phase boundary, in actor order
+                self._arrived.append((h.index, half, rows, steps, version, busy))
+                h.outstanding.pop(half, None)
+            else:
+                self._insert(h, half, rows, steps, version, busy)
             self._episodes.extend(episodes)
         elif kind == "hello":
             h.ready = True

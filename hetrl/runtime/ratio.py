@@ -42,13 +42,14 @@ class ReplayRatio:
 
     def __init__(self, core, *, spi: float, min_size: int, group: int | None = None, chunk: int = 0,
                  error_buffer: float | None = None, rate_limit: bool = True, overlap: bool = False,
-                 servers: int = 0):
+                 servers: int = 0, phased: bool = False):
         cfg = core.cfg
         self.core, self.B = core, cfg.batch_size
         self.spi, self.min_size = float(spi), int(min_size)
         self.group = group or UNBOUNDED          # batches per learner call at most
         self.chunk = chunk                       # env steps per grant
         self.rate_limit, self.overlap, self.servers = rate_limit, overlap, servers
+        self.phased = phased                     # grants and inserts at phase boundaries only (phased())
         self.error_buffer = error_buffer
         self.rule = None if error_buffer is None else RatioRule.from_error_buffer(spi, min_size, error_buffer)
         self.prioritized, self.priority_lag = bool(cfg.prioritized), int(cfg.priority_lag)
@@ -80,6 +81,14 @@ class ReplayRatio:
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk,
                    error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap, servers=servers)
 
+    @classmethod
+    def phased(cls, core, lay) -> "ReplayRatio":
+        """Actors and learner at the same time, in phases (a reproducible run, cut by layout `lay`): at a phase
+        boundary the chunks of the phase go in, in actor order, the learner's policy is published and every actor
+        is granted the next phase's chunk; between boundaries the learner draws, from the replay as it stood at
+        the boundary, what the ratio owes for the env steps in (as inline: no lead), while the actors collect."""
+        return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
+
     # ---- the insert side -------------------------------------------------------------------------
     def to_collect(self) -> tuple[int, int]:
         """(env steps to collect, the most to collect) in the next round of an alternating schedule (inline): a
@@ -94,7 +103,7 @@ class ReplayRatio:
         chunk in flight (max_policy_lag), and were that chunk held until the learner samples, both would."""
         c, reserved = self.core.c, self.core.reserved
         n = max(0, min(self.chunk, self.steps - c.env_steps - reserved))
-        if n and self.rate_limit and not self.rule.can_insert(c.env_steps + reserved, c.samples, n):
+        if n and self.rate_limit and self.rule is not None and not self.rule.can_insert(c.env_steps + reserved, c.samples, n):
             return 0
         return n
 
@@ -120,7 +129,7 @@ class ReplayRatio:
         g = min(g, self.core.lag_room(c.samples // B))
         if not self.rate_limit:   # no ratio to honour: learn while env steps come in
             return max(0, g) if E < self.steps else 0
-        if not self.overlap and self.core.reserved:
+        if not self.overlap and self.core.reserved and not self.phased:
             return 0              # lockstep: the learner learns between collect rounds, as inline does
         g = min(g, self.owed())
         if not self.servers:
@@ -169,7 +178,7 @@ class ReplayRatio:
                 "error_buffer": (self.spi * min_size - eb, float("inf")), "rate_limit": self.rate_limit}
 
     def figures(self) -> dict:
-        return {"rate_limit": self.rate_limit, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
+        return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
                 "priority_lag": self.priority_lag if self.prioritized else None,
                 "priority_lag_max": self.lag_max if self.prioritized else None}
 
@@ -182,7 +191,7 @@ class RolloutRatio:
     cfg.steps by up to a rollout less one vector step. `chunk`: env steps per grant (one actor's share of a
     rollout: n_steps x its envs)."""
 
-    prioritized, priority_lag, lag_max, rule, error_buffer, servers = False, 0, 0, None, None, 0
+    prioritized, priority_lag, lag_max, rule, error_buffer, servers, phased = False, 0, 0, None, None, 0, False
 
     def __init__(self, core, chunk: int | None = None):
         self.core, self.B = core, core.cfg.batch_size
@@ -244,5 +253,5 @@ class RolloutRatio:
         return self.core.c.env_steps >= self.steps and self.collected() == 0
 
     def figures(self) -> dict:
-        return {"rate_limit": False, "samples_per_insert": self.spi, "rate_error_buffer": None,
+        return {"rate_limit": False, "phased": False, "samples_per_insert": self.spi, "rate_error_buffer": None,
                 "priority_lag": None, "priority_lag_max": None, "rollout": self.rollout}

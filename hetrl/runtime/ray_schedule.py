@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import replace
 
@@ -155,6 +156,9 @@ class RaySchedule(Schedule):
             raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
+        if cfg.system.reproducible and not self.core.rollout:   # (on-policy: rollouts in lockstep, reproducible)
+            print("hetrl: the ray schedule samples on its replay servers as they are fed, so timing shapes the run "
+                  "(result.json: reproducible false); inline and local reproduce a seed", file=sys.stderr, flush=True)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
