@@ -96,6 +96,10 @@ def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
     r = run.result
     assert r["schedule"] == schedule and r["actors"] == 2 and r["envs_per_actor"] == 2
     assert r["env_steps"] == 256 and r["gradient_steps"] == 4 * 2 * 2 and r["policy_lag_max"] == 0
+    assert r["reproducible"] is True
+    if schedule == "local":   # the same seed, the same run (rollouts in lockstep, laid out in actor order)
+        again = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, **TINY)
+        assert torch.equal(params(run), params(again))
     # the checkpoint resumes inline
     resumed = hetrl.api.resume(tmp_path / "r", steps=320, schedule="inline", progress=False, evaluate_episodes=0)
     assert resumed.result["env_steps"] == 320 and resumed.result["gradient_steps"] == 5 * 2 * 2

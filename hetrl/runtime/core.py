@@ -657,14 +657,19 @@ class Schedule(abc.ABC):
     _episodes: list
 
     def phase(self) -> list[tuple[float, int]]:
-        """Advance the protocol a little (about PHASE_S, at least one _step); returns the episodes
-        (return, length) finished meanwhile."""
+        """Advance the protocol a little (about PHASE_S, at least one _step; on-policy: one rollout, collected and
+        learned, so that evaluations and callbacks see the run at the same points under every schedule); returns
+        the episodes (return, length) finished meanwhile."""
         if self._closed:
             raise HetrlError(f"this {self.name} schedule was closed; make a new Run")
         t_end = time.perf_counter() + self.PHASE_S
+        rollout = self.core.ratio.base if self.core.rollout else None
         while not self.done():
             self._step()
-            if time.perf_counter() >= t_end:
+            if rollout is not None:
+                if self.core.ratio.base != rollout:
+                    break
+            elif time.perf_counter() >= t_end:
                 break
         eps, self._episodes = self._episodes, []
         return eps
