@@ -234,9 +234,14 @@ class ActorCritic(OnPolicyAlgorithm):
 
     @classmethod
     def check_spaces(cls, obs_space: gym.Space, act_space: gym.Space) -> None:
-        """As every algorithm's, but Box actions may be unbounded (the Gaussian is clipped only where bounded)."""
+        """As every algorithm's, but Box actions may be unbounded (the Gaussian is clipped only where bounded), and
+        frames of any rank are refused (an Atari id's 84x84 grayscale too: no CNN here)."""
         if isinstance(act_space, gym.spaces.Box) and not act_space.is_bounded("both"):
             act_space = gym.spaces.Box(-1.0, 1.0, act_space.shape, np.float32)
+        if isinstance(obs_space, gym.spaces.Box) and obs_space.dtype == np.uint8 and len(obs_space.shape) >= 2:
+            raise UsageError(f"{cls.name.upper() or cls.__name__} takes vector observations; this env's are images "
+                             f"{obs_space.shape} (uint8): image observations are not supported by hetrl's on-policy "
+                             "algorithms; use dqn for pixels, or flatten them with a wrapper")
         super().check_spaces(obs_space, act_space)
 
     def __init__(self, cfg: ActorCriticConfig, obs_space: gym.Space, act_space: gym.Space, device="cpu"):
