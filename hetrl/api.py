@@ -188,6 +188,11 @@ class Run:
         """A replay saved by replay_state_dict() (the same buffer_size and spaces), between phases."""
         self.schedule.replay.load_state_dict(state)
 
+    def train_stats(self) -> dict[str, float]:
+        """The algorithm's loss scalars of its last update (and an on-policy run's last rollout's figures), as
+        floats (LearnerCore.train_stats): what a training log records as train/<name>."""
+        return self.schedule.core.train_stats()
+
     def load_parameters(self, state: dict) -> None:
         """New parameters and optimizer state (the algorithm's state_dict()) between phases; actors get the policy."""
         self.schedule.core.load_algo(state)

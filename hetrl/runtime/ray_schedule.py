@@ -156,7 +156,7 @@ class RaySchedule(Schedule):
             raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
-        if cfg.system.reproducible:   # asked for by name: say what it gives up (result.json: reproducible false)
+        if cfg.system.reproducible and not self.core.rollout:   # (on-policy: rollouts in lockstep, reproducible)
             print("hetrl: the ray schedule samples on its replay servers as they are fed, so timing shapes the run "
                   "(result.json: reproducible false); inline and local reproduce a seed", file=sys.stderr, flush=True)
         self.params = RayParameterStore()
@@ -169,7 +169,10 @@ class RaySchedule(Schedule):
         self.startup_s = 0.0
         self._check_resources(ray)
         t0 = time.perf_counter()
-        self._start_servers(ray)
+        if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
+            self.replay = self.core.make_replay()
+        else:
+            self._start_servers(ray)
         self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
         for s in self.slots:
@@ -213,7 +216,8 @@ class RaySchedule(Schedule):
 
         spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
         remote = ray.remote(num_cpus=self.cfg.system.ray_actor_cpus, max_restarts=0)(RayActor)
-        s.handle = remote.remote(spec, self.servers[s.index % len(self.servers)], self.cfg.system.actor_one_thread)
+        server = self.servers[s.index % len(self.servers)] if self.servers else None
+        s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread)
         s.calls = {}
 
     def _wait_ready(self, ray) -> None:
@@ -288,7 +292,10 @@ class RaySchedule(Schedule):
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
                     raise self._error(e, f"(actor {s.index})") from None
-                if counters is not None:
+                if self.core.rollout:   # `counters` is the chunk itself (no replay server)
+                    self.core.insert(self.replay, counters, s.index)
+                    self.core.inserted(steps, version)
+                elif counters is not None:
                     self._count_inserts(s.index % len(self.servers), counters["inserts"], version)
                 self.c.acting_s += busy
                 self._episodes.extend(episodes)
@@ -326,6 +333,8 @@ class RaySchedule(Schedule):
     def _learn_step(self) -> bool:
         import ray
 
+        if self.core.rollout:
+            return self.core.learn_rollout(self.replay)
         self._request()
         if self._pending is None:
             return False
@@ -413,8 +422,10 @@ class RaySchedule(Schedule):
         import ray
 
         c, S = self.c, len(self.servers)
-        self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
-        ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S) for i, h in enumerate(self.servers)])
+        if S:
+            self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
+            ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S)
+                     for i, h in enumerate(self.servers)])
         self._stop_actors()
         for s in self.slots:
             self._spawn(s)

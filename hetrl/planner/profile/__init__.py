@@ -152,7 +152,7 @@ def _pass(cfg, env, devices, grid, data, budget_s, cap_s, tol, quick, say, ipc, 
 
     from hetrl.actors import probe_spaces
     from hetrl.actors.envs import prepare_env
-    from hetrl.algos import replay_spec
+    from hetrl.algos import learn_spec, replay_spec
     from hetrl.planner.load import LoadLog
 
     mkw = {"tol": tol}
@@ -163,7 +163,8 @@ def _pass(cfg, env, devices, grid, data, budget_s, cap_s, tol, quick, say, ipc, 
     count = _primitives(grid, devices) if only is None else len(only)
     ctx = Context(cfg, env, obs_space, act_space, replay_spec(cfg, obs_space, act_space), devices, grid,
                   Budget(budget_s, count, cap_s), mkw, say, only=only, prev=dict(data) if only is not None else None,
-                  reader=reader, retried=only is not None, quick=quick)
+                  reader=reader, retried=only is not None, quick=quick,
+                  learn_spec=learn_spec(cfg, obs_space, act_space))
     ctx.log = LoadLog(reader).start()   # (a reading from the start: the first entries are judged over it too)
     data["key"] = {"algo": cfg.algo, "env": cfg.env, "network": network_key(cfg), "net_arch": list(cfg.net_arch),
                    "obs_shape": list(obs_space.shape),

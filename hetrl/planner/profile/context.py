@@ -58,6 +58,11 @@ class Context:
     retried: bool = False          # a second measurement: an entry that does not settle on a quiet machine is kept
     quick: bool = False
     log: Any = None                # the load readings around each entry (hetrl.planner.load.LoadLog)
+    learn_spec: dict | None = None  # the fields of `learn`'s batches where they are not the replay's (on-policy)
+
+    @property
+    def learn_fields(self) -> dict:
+        return self.learn_spec or self.spec
 
     def wants(self, *path) -> bool:
         """Whether this pass measures the entry at `path` (str keys)."""

@@ -51,7 +51,7 @@ class Learners:
         for dev in ctx.devices:
             ctx.say(f"learner kernel on {dev}: the candidates checked against the public one and timed, {K} steps")
             self.choices[dev] = kernels.choose(cfg, lambda dev=dev: make_algorithm(cfg, obs, act, dev), obs, act,
-                                               ctx.spec, dev, K, refresh=refresh).to_json()
+                                               ctx.learn_fields, dev, K, refresh=refresh).to_json()
         self.cpu_kernel = self.on(cfg, "cpu") if "cpu" in ctx.devices else None
         self.cpu_algo = self.cpu_kernel.algo if self.cpu_kernel is not None else make_algorithm(cfg, obs, act, "cpu")
 
@@ -111,7 +111,7 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
                     continue
                 ctx.say(f"learner update on {dev}, batch {B}, {th} thread(s)")
                 algo = learners.on(cfg.replace(batch_size=B), dev)
-                batch, wts = synthetic_batch(ctx.spec, ctx.act_space, B, 1, dev)
+                batch, wts = synthetic_batch(ctx.learn_fields, ctx.act_space, B, 1, dev)
                 learn[dev][str(th)][str(B)] = timed(dev, th, algo, batch, wts, 1,
                                                     learn[dev]["1"][str(B)] if th > 1 else None)
             if grid["k_groups"]:
@@ -122,7 +122,7 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
                     continue
                 ctx.say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
                 algo = learners.on(cfg, dev)
-                batch, wts = synthetic_batch(ctx.spec, ctx.act_space, B, K, dev)
+                batch, wts = synthetic_batch(ctx.learn_fields, ctx.act_space, B, K, dev)
                 one = grouped[dev]["1"][str(K)] if th > 1 else None
                 grouped[dev][str(th)][str(K)] = timed(dev, th, algo, batch, wts, K, one)
         torch.set_num_threads(1)

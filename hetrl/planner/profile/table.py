@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from hetrl.planner.measure import Timing
-from hetrl.runtime.layout import grads_per_phase, group_size, prefetch_fits  # the runtime's phase and group sizes
+from hetrl.runtime.layout import grads_per_phase, group_size, learns_rollouts, prefetch_fits  # the runtime's phase and group sizes
 
 FORMAT = "hetrl-profile/14"   # 14: each entry's foreign load and provisional mark; learner figures measured in runs
 SECTIONS = ("env", "act", "infer", "learn", "learn_grouped", "param_sync", "ds_insert", "ds_gather", "prefetch",
@@ -87,6 +87,8 @@ def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
     per_group = group_size(g, True, cfg.priority_lag)
     if prefetch_fits(per_group, True, cfg.priority_lag):
         prefetch.append(prefetch_key(True, per_group))
+    if learns_rollouts(cfg):   # on-policy: no prefetch (a rollout is learned in the learner core's phase)
+        prefetch = []
     return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
             "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups, "prefetch": prefetch}
 
