@@ -3,6 +3,8 @@
     python benchmarks/bench_sb3.py [--rounds 3] [--first-round 0] [--libs hetrl,sb3,sbx] [--plan auto|none]
         [--cases dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000]
     python benchmarks/bench_sb3.py --libs hetrl,sbx --rounds 3 --cases crossq:Pendulum-v1:20000
+    python benchmarks/bench_sb3.py --libs hetrl,sb3,sbx --cases ppo:CartPole-v1:100000,ppo:Pendulum-v1:100000
+    python benchmarks/bench_sb3.py --libs hetrl,sb3 --cases a2c:CartPole-v1:100000      (SBX has no A2C)
 
 Every library trains with the rl-zoo preset (hetrl/presets.yaml; benchmarks/sb3_preset.py builds the
 SB3/SBX model from it); each round runs the libraries in fresh subprocesses, in an order that
@@ -55,7 +57,7 @@ else:
         t = None
 
         def _on_step(self):
-            if self.t is None and self.num_timesteps >= cfg.learning_starts:
+            if self.t is None and self.num_timesteps >= getattr(cfg, "learning_starts", 0):
                 self.t = (time.perf_counter(), self.num_timesteps)
             return True
 

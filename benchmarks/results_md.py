@@ -375,6 +375,20 @@ def soak(doc):
     return "", [Entry("memory", "soak", text)]
 
 
+def bench_busy(doc):
+    entries = []
+    for name, c in doc["cases"].items():
+        med, best = c["median_env_steps_per_s_learning"], c["best_hand_set"]
+        plan = (c.get("default_plans") or [{}])[-1]
+        text = (f"{label(c['algo'])} {c['env']} {steps_k(c['steps'])}, profiled beside a one-core CPU hog "
+                f"({c['profile']['provisional']} entries provisional), then trained with the hog gone: default plan "
+                f"({plan.get('schedule')}, {plan.get('threads')} thr) {num(med['default'])} env steps/s, best hand-set "
+                f"({best}) {num(med[best])}: **{c['default_over_best_hand_set']:.2f}**; default measured / predicted "
+                f"**{c['default_measured_over_predicted']:.2f}**")
+        entries.append(Entry("planner", f"busy:{name}", text))
+    return f"median of {doc['rounds']} round{'s' * (doc['rounds'] > 1)}, alternating:", entries
+
+
 def bench_shared_cpu(doc):
     text = (f"DQN CartPole-v1 alone, then beside a competing torch training: {num(doc['solo_env_steps_per_s'])} env "
             f"steps/s alone, {num(doc['shared_env_steps_per_s'])} beside it (**{doc['ratio']:.2f}** of alone); learner "
@@ -438,7 +452,7 @@ def notes(doc):
 EXTRACTORS = {f.__name__: f for f in (bench_sb3, bench_learner_kernels, bench_sac_td3_update, bench_cnn_layout,
                                       bench_atari_memory, bench_population, bench_versions, bench_local, bench_ray,
                                       bench_policy_lag, bench_planner, bench_learning, bench_sb3_api, tabular_scaling,
-                                      soak, bench_shared_cpu, gpu_check, train, notes)}
+                                      soak, bench_shared_cpu, bench_busy, gpu_check, train, notes)}
 
 
 # --- reading the results ---------------------------------------------------------------------------------------

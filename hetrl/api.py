@@ -129,6 +129,9 @@ class Run:
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
         self.evaluations = Evaluations(cfg.eval_episodes, self._eval_interval(), cfg.seed, cfg.eval_max_steps)
         self._replay_saved = False
+        from hetrl.planner.follow import follower   # the plan held against the measured rate (docs/planner.md)
+
+        self.follow = follower(self.schedule, cfg, self.plan_info)
 
     def _eval_interval(self) -> int:
         return self.cfg.eval_interval or max(1, self.cfg.steps // 10)
@@ -186,6 +189,11 @@ class Run:
         """A replay saved by replay_state_dict() (the same buffer_size and spaces), between phases."""
         self.schedule.replay.load_state_dict(state)
 
+    def train_stats(self) -> dict[str, float]:
+        """The algorithm's loss scalars of its last update (and an on-policy run's last rollout's figures), as
+        floats (LearnerCore.train_stats): what a training log records as train/<name>."""
+        return self.schedule.core.train_stats()
+
     def load_parameters(self, state: dict) -> None:
         """New parameters and optimizer state (the algorithm's state_dict()) between phases; actors get the policy."""
         self.schedule.core.load_algo(state)
@@ -220,6 +228,7 @@ class Run:
                 while not s.done() and not stop:
                     eps = s.phase()
                     core.tick()
+                    self.follow.phase()
                     # (a phased schedule has every env step in a phase before it is done: the last evaluation is
                     # the finished run's)
                     done = s.done()
@@ -236,6 +245,7 @@ class Run:
                         break
             self.interrupted = stop.signal or self.interrupted
             _hook(callback, "training_end", self)
+            self.follow.finish(str(self.out or ""))
             self.result = self._result()
             self._calibrate()
             if self.out is not None:
@@ -283,7 +293,8 @@ class Run:
         # other processes' load (an actor process, a neighbour's job), which is not this machine's speed
         threads, learner_s, steps = self.schedule.core.governor.mostly()
         entry = calibrate(path, plan["plan"]["learner_device"], self.cfg.batch_size, threads,
-                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""))
+                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""),
+                          provisional=self.follow.loaded())
         if entry is not None:
             self.result["calibration"] = entry
             self.plan_info["calibration"] = entry
@@ -311,7 +322,7 @@ class Run:
                    if best else {}),
                 "evaluations": self.evaluations.history,
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
-                **self.plan_info, "config": self.cfg.to_dict(), **_evals(self.result)}
+                **self.plan_info, **self.follow.figures(), "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
@@ -414,7 +425,7 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
          "`hetrl plan` explains it")
     for line in result.notes:
-        if "learning dynamics" in line:
+        if "learning dynamics" in line or "provisional" in line or "busy now" in line:   # (docs/planner.md)
             note(line)
     chosen = result.system_settings(cfg, pinned=settings)
     new = result.apply(cfg, pinned=settings)

@@ -322,13 +322,13 @@ def _kernel_of(cfg: Config, env) -> tuple[str, bool]:
     runs without the GIL."""
     from hetrl import kernels
     from hetrl.actors.envs import prepare_env, probe_spaces
-    from hetrl.algos import make_algorithm, replay_spec
+    from hetrl.algos import learn_spec, make_algorithm
     from hetrl.runtime.core import resolve_device
     from hetrl.runtime.layout import grads_per_phase, group_size
 
     obs, act = probe_spaces(prepare_env(env, cfg))
     device = resolve_device(cfg.system.device)
-    choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, replay_spec(cfg, obs, act),
+    choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, learn_spec(cfg, obs, act),
                             device, group_size(grads_per_phase(cfg), cfg.prioritized))
     return choice.name, kernels.kernel_class(choice.name).side_by_side()
 

@@ -25,7 +25,7 @@ import torch
 import extending_example  # noqa: F401  (docs/extending.md's example: registers "twinq")
 import hetrl
 from hetrl import registry
-from hetrl.algos import make_algorithm, replay_spec
+from hetrl.algos import learn_spec, make_algorithm
 from hetrl.cli import main
 from hetrl.config import make_config
 from hetrl.kernels import synthetic_batch
@@ -41,15 +41,21 @@ def env_for(name: str) -> str:
     return "CartPole-v1" if gym.spaces.Discrete in registry.get(name).action_spaces else "Pendulum-v1"
 
 
+def tiny(name: str) -> dict:
+    """TINY, and for an on-policy algorithm rollouts of 25 vector steps of its 2 envs (50 env steps, a phase of
+    TINY's train_freq)."""
+    return {**TINY, "n_steps": 25} if registry.get(name).storage == "rollout" else TINY
+
+
 def build(name: str, seed: int = 0):
     env = gym.make(env_for(name))
-    cfg = make_config(name, env_for(name), TINY)
+    cfg = make_config(name, env_for(name), tiny(name))
     torch.manual_seed(seed)
     return make_algorithm(cfg, env.observation_space, env.action_space), cfg, env
 
 
 def batches(algo, cfg, env, K: int, seed: int):
-    spec = replay_spec(cfg, env.observation_space, env.action_space)
+    spec = learn_spec(cfg, env.observation_space, env.action_space)
     return synthetic_batch(spec, env.action_space, 16, K, "cpu", torch.Generator().manual_seed(seed))
 
 
@@ -115,7 +121,7 @@ def test_the_acting_policy_acts_in_the_space_pickles_and_loads_a_policy_state(na
 def test_checkpoint_resume_under_another_schedule_and_load(name, tmp_path):
     """Trained inline, saved, resumed under the local schedule (actor processes unpickle its policy), loaded."""
     out = tmp_path / "run"
-    run = hetrl.train(name, env_for(name), steps=300, seed=0, out=out, plan="none", progress=False, **TINY)
+    run = hetrl.train(name, env_for(name), steps=300, seed=0, out=out, plan="none", progress=False, **tiny(name))
     assert run.result["env_steps"] == 300 and run.algo.updates == run.result["gradient_steps"] > 0
     run = hetrl.resume(out, steps=500, progress=False, evaluate_episodes=0, schedule="local", actors=1,
                        envs_per_actor=2)
@@ -145,7 +151,7 @@ def local_ray():
 def test_trains_under_ray(name, local_ray, tmp_path):
     """One tiny run per algorithm on a Ray instance on loopback: its Ray actor unpickles the policy."""
     run = hetrl.train(name, env_for(name), steps=300, seed=0, out=tmp_path / "r", plan="none", progress=False,
-                      schedule="ray", actors=1, **{**TINY, "num_envs": 1})
+                      schedule="ray", actors=1, **{**tiny(name), "num_envs": 1})
     assert run.result["env_steps"] >= 300 and run.algo.updates == run.result["gradient_steps"] > 0
     assert hetrl.load(tmp_path / "r").act(observations(gym.make(env_for(name)), 2)).shape[0] == 2
 

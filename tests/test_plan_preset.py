@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from hetrl import registry
-from hetrl.config import SYSTEM_KEYS, Config, make_config
+from hetrl.config import SYSTEM_KEYS, Config, make_config, preset_for
 from hetrl.planner import pins_from_settings, plan
 from hetrl.planner.profile import cache_path, grid_for, machine_info, machine_id, network_key
 from synthetic_profiles import synthetic_table
@@ -56,7 +56,8 @@ def check_kept(cfg, result, why):
 @pytest.mark.parametrize("algo,env", list(presets()))
 def test_the_planner_never_changes_a_preset_owned_key(algo, env):
     cfg = make_config(algo, env, {"num_envs": 4} if algo == "dqn" and env == "CartPole-v1" else {})
-    assert cfg.num_envs == (4 if algo == "dqn" and env == "CartPole-v1" else 1)   # rl-zoo sets no n_envs here
+    # the preset's env count (rl-zoo's n_envs: set for the on-policy presets, 1 where the zoo sets none)
+    assert cfg.num_envs == (4 if algo == "dqn" and env == "CartPole-v1" else preset_for(algo, env).get("num_envs", 1))
     for (name, kw), pins in itertools.product(TABLES.items(), PINS):
         check_kept(cfg, plan(cfg, pins=pins, profile=synthetic_table(algo=algo, **kw)), (name, pins))
 

@@ -12,7 +12,10 @@ distributed launcher):
   their :class:`~hetrl.actors.ActorSpec` and the restart policy of actors that die;
 * the learner step (timed, counted, TD errors checked), publishing to a :class:`ParameterStore`,
   policy staleness;
-* one checkpoint format (so a run resumes under any schedule) and one set of figures.
+* one checkpoint format (so a run resumes under any schedule) and one set of figures;
+* for an on-policy algorithm (``storage = "rollout"``, hetrl/algorithm.py): a rollout storage in place of the
+  replay (hetrl/replay/rollout.py), the rollout rule in place of the replay ratio (ratio.RolloutRatio), and the
+  learner phase of a rollout (:meth:`LearnerCore.learn_rollout`: values, GAE, epochs of shuffled minibatches).
 
 :class:`Schedule` is the interface every transport implements:
 ``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
@@ -33,15 +36,16 @@ import torch
 from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
-from hetrl.algos import make_algorithm, replay_spec
+from hetrl.algos import learn_spec, make_algorithm, replay_spec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
-from hetrl.runtime.layout import Layout, grads_per_phase, group_size
+from hetrl.replay.rollout import RolloutStorage, explained_variance, gae
+from hetrl.runtime.layout import GROUP_MAX, Layout, grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
-from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio
+from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
 from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
@@ -168,19 +172,30 @@ class LearnerCore:
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         self._threads_before = torch.get_num_threads()   # given back by close()
         setup_process(cfg.seed, threads)
-        # a learner of several threads drops to the cores other work leaves it, during the run
-        self.governor = ThreadGovernor(max(1, threads))
+        # a learner of several threads drops to the cores other work leaves it, during the run, where its kernel's
+        # results do not depend on the thread count (_use_kernel)
+        self.governor = ThreadGovernor(max(1, threads), exact=False)
         self.device = resolve_device(cfg.system.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(cfg, self.obs_space, self.act_space)
-        group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
-        self.kernel_choice = kernels.choose(
-            cfg, self.twin, self.obs_space, self.act_space, self.spec, self.device, group, algo=self.algo)
+        # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
+        self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
+        self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
+        if self.rollout:   # a phase's minibatches per learn call (LearnerCore._minibatches)
+            minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
+            group = max(1, min(self.algo.phase_group(minibatches), minibatches))
+        else:
+            group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
+                                                                 cfg.priority_lag)
+        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
+                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
+                                            algo=self.algo)
         self._use_kernel(self.kernel_choice)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
-        self.frames = cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
-        self.storage_arrays = (FrameStorage if self.frames else Storage).layout(cfg.buffer_size, self.spec)
+        self.frames = not self.rollout and cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
+        self.storage_arrays = (RolloutStorage if self.rollout else FrameStorage if self.frames else Storage).layout(
+            cfg.buffer_size, self.spec)
         # before any storage, staging or GPU buffer is allocated: refuse a replay the device cannot hold
         self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, "cpu" if self.frames else self.device,
                                                 arrays=self.storage_arrays)
@@ -192,13 +207,22 @@ class LearnerCore:
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
         self._in_flight: dict[object, tuple[int, int]] = {}   # grant -> (gradient steps of the params then, env steps)
         self.reserved = 0                                # env steps granted, not yet inserted
-        # reproducible: one process alternating (inline), or phases (a schedule with actors); else the actors and
-        # the learner go as timing has them, under the rate limiter and the policy-lag bound
-        self.reproducible = lay is None or cfg.system.reproducible
-        phased = lay is not None and self.reproducible
-        self.max_lag = lay.max_lag if lay is not None and not phased else 0   # the policy-lag bound (0: none)
-        self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
-                      else ReplayRatio.overlapped(self, lay, servers))
+        # reproducible: one process alternating (inline), or phases (a schedule with actors: local, ray);
+        # else the actors and the learner go as timing has them, under the rate limiter and the policy-lag bound.
+        # On-policy: every schedule alternates whole rollouts with their learner phases (reproducible, no lag)
+        self.reproducible = lay is None or self.rollout or cfg.system.reproducible
+        phased = lay is not None and self.reproducible and not self.rollout
+        self.max_lag = lay.max_lag if lay is not None and not phased and not self.rollout else 0   # (0: none)
+        if self.rollout:
+            self.ratio = RolloutRatio(self, lay.chunk if lay is not None else None)
+            self.publish_every = UNBOUNDED   # a rollout's phase publishes once, at its end
+            # the minibatches' shuffle: the run's own generator (checkpointed), whatever else runs in the process
+            self.shuffle_rng = torch.Generator().manual_seed(cfg.seed + 0x5F3759DF)
+            self.rollout_stats: dict[str, float] = {}
+            self._ones: dict[tuple, torch.Tensor] = {}
+        else:
+            self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
+                          else ReplayRatio.overlapped(self, lay, servers))
         self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
         self.restarts = Restarts(self)
         self._t0: float | None = None
@@ -221,6 +245,7 @@ class LearnerCore:
             self.kernel.close()
         self.kernel_choice = choice
         self.kernel = kernels.build(choice, self.algo)
+        self.governor.exact = bool(self.kernel.threads_exact)
         self.governor.apply = self.kernel.use_threads
         self.governor.apply(self.governor.threads)
 
@@ -240,9 +265,13 @@ class LearnerCore:
         torch.set_num_threads(self._threads_before)
 
     # ---- parts ------------------------------------------------------------------------------
-    def make_replay(self, buffers: dict | None = None) -> ReplayBuffer:
-        """The run's replay; `buffers`: preallocated host arrays for any of `storage_arrays` (shared memory)."""
+    def make_replay(self, buffers: dict | None = None) -> ReplayBuffer | RolloutStorage:
+        """The run's replay (an on-policy algorithm's: its rollout storage); `buffers`: preallocated host arrays for
+        any of `storage_arrays` (shared memory)."""
         cfg = self.cfg
+        if self.rollout:
+            return RolloutStorage(cfg.train_freq, self.spec, actors=max(1, cfg.num_envs // self.actor_envs),
+                                  buffers=buffers, check_finite=cfg.system.check_finite)
         return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
                             alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers,
                             check_finite=cfg.system.check_finite, frames=self.frames)
@@ -250,7 +279,10 @@ class LearnerCore:
     def insert(self, replay: ReplayBuffer, batch: dict, actor: int = 0) -> None:
         """Insert an actor's batch; non-finite data stops the run with where it came from."""
         try:
-            replay.insert(batch)
+            if self.rollout:
+                replay.insert(batch, actor, self.actor_envs)
+            else:
+                replay.insert(batch)
         except NonFiniteError as e:
             raise NonFiniteError(f"{e} (from actor {actor}, env steps {self.c.env_steps:,} and on); the learner "
                                  "never saw it: check the env, or --set check_finite=false") from None
@@ -358,6 +390,9 @@ class LearnerCore:
         member). Uniform replay: all of them in one gather (the buffer does not change meanwhile, so this is the
         same distribution). Prioritised: sample -> learn -> update priorities, as many batches at a time as the
         priority lag allows (exact PER: one)."""
+        if self.rollout:
+            self.learn_rollout(replay)
+            return
         cfg, c, B = self.cfg, self.c, self.cfg.batch_size
         while k := self.ratio.allowed(len(replay)):
             t0 = time.perf_counter()
@@ -371,6 +406,84 @@ class LearnerCore:
                 replay.update_priorities(keys, td.view(-1))
             self.ratio.written(k)
             c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+
+    def learn_rollout(self, rollout: RolloutStorage) -> bool:
+        """The learner phase of a complete rollout (on-policy; False while none is complete), for every schedule:
+        the algorithm's values and log-probabilities in one forward (`rollout_values`), GAE(gae_lambda), then
+        n_epochs passes of shuffled minibatches of batch_size through `learn` (a pass's last minibatch is smaller
+        where batch_size does not divide the rollout, as SB3's), `phase_group` minibatches a call (several passes'
+        in one where they fit), until `stop_phase` says stop; then `rollout_done`, the new policy published and the
+        rollout emptied."""
+        if not self.ratio.ready():
+            return False
+        cfg, algo, c = self.cfg, self.algo, self.c
+        t0 = time.perf_counter()
+        self.governor.tick()
+        data = rollout.tensors()
+        algo.set_progress(self.progress_remaining())
+        out = algo.rollout_values(data)
+        dev = out["value"].device
+        adv, ret = gae(out.get("reward", data["reward"]).to(dev), out["value"], out["next_value"],
+                       data["terminated"], data["truncated"], cfg.gamma, cfg.gae_lambda)
+        self.rollout_stats = {"explained_variance": explained_variance(out["value"].flatten(), ret.flatten())}
+        fields = {"obs": data["obs"], "action": data["action"],
+                  **{k: v for k, v in out.items() if k not in ("next_value", "reward")}, "advantage": adv, "return": ret}
+        R = rollout.capacity
+        flat = {k: v.reshape(R, *v.shape[2:]).to(self.device) for k, v in fields.items()}
+        c.learner_s += time.perf_counter() - t0
+        for idx in self._minibatches(R):
+            self.ratio.drawn(idx.shape[0])
+            self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
+            if algo.stop_phase():
+                break
+        algo.rollout_done(data)
+        rollout.clear()
+        self.ratio.phase_done()
+        self.publish()
+        return True
+
+    def _minibatches(self, R: int):
+        """The row indices of a rollout phase's `learn` calls, in order: n_epochs shuffled passes over R rows, each
+        cut into minibatches of batch_size (its last one smaller where batch_size does not divide R, as SB3's), the
+        phase's consecutive minibatches of one size stacked `phase_group` (at most GROUP_MAX) to a call."""
+        B, algo = self.cfg.batch_size, self.algo
+        K, rem = divmod(R, B)
+        total = self.cfg.n_epochs * K
+        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if K else 1
+        pending: list[torch.Tensor] = []
+        for _ in range(self.cfg.n_epochs):
+            perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
+            for i in range(K):
+                pending.append(perm[i * B:(i + 1) * B])
+                if len(pending) == group:
+                    yield torch.stack(pending)
+                    pending = []
+            if rem:
+                if pending:
+                    yield torch.stack(pending)
+                    pending = []
+                yield perm[K * B:].view(1, rem)
+        if pending:
+            yield torch.stack(pending)
+
+    def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
+        """Importance weights of on-policy minibatches: ones, one tensor per shape."""
+        w = self._ones.get(shape)
+        if w is None:
+            w = self._ones[shape] = torch.ones(shape, device=self.device)
+        return w
+
+    def progress_remaining(self) -> float:
+        """1 - env_steps / steps, at least 0 (SB3's progress remaining, as schedules read it)."""
+        return 1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))
+
+    def train_stats(self) -> dict[str, float]:
+        """The algorithm's loss scalars of its last update (its `stats`) and the last rollout's figures, as floats
+        (a device sync: read them only when logging)."""
+        out = {k: float(v) for k, v in getattr(self.algo, "stats", {}).items()}
+        if self.rollout:
+            out.update(self.rollout_stats)
+        return out
 
     def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
         """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
@@ -392,7 +505,7 @@ class LearnerCore:
     def schedule_lr(self) -> None:
         """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3
         computes it before each training call); set only when it changed."""
-        lr = float(self.lr_at(1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))))
+        lr = float(self.lr_at(self.progress_remaining()))
         if lr != self._lr:
             self.algo.set_lr(lr)
             self._lr = lr
@@ -464,8 +577,11 @@ class LearnerCore:
         counters = asdict(self.c)
         # every learned batch is one gradient step; a drawn group not yet learned is left out
         counters["samples"] = self.c.gradient_steps * self.cfg.batch_size
-        return {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state(),
-                "kernel": {"name": self.kernel_choice.name, "options": dict(self.kernel_choice.options)}}
+        out = {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state(),
+               "kernel": {"name": self.kernel_choice.name, "options": dict(self.kernel_choice.options)}}
+        if self.rollout:
+            out["shuffle_rng"] = self.shuffle_rng.get_state()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         if self.c.env_steps or self.c.gradient_steps:
@@ -481,6 +597,10 @@ class LearnerCore:
         self.c = Counters(**{k: v for k, v in state["counters"].items() if k in known})
         self.c.samples = self.c.gradient_steps * self.cfg.batch_size
         torch.set_rng_state(state["torch_rng"])
+        if self.rollout:
+            if "shuffle_rng" in state:
+                self.shuffle_rng.set_state(state["shuffle_rng"])
+            self.ratio.phase_done()   # a rollout begins (one cut short by the checkpoint is collected again)
         if self.params is not None:
             self.publish()
 
@@ -544,14 +664,19 @@ class Schedule(abc.ABC):
     _episodes: list
 
     def phase(self) -> list[tuple[float, int]]:
-        """Advance the protocol a little (about PHASE_S, at least one _step); returns the episodes
-        (return, length) finished meanwhile."""
+        """Advance the protocol a little (about PHASE_S, at least one _step; on-policy: one rollout, collected and
+        learned, so that evaluations and callbacks see the run at the same points under every schedule); returns
+        the episodes (return, length) finished meanwhile."""
         if self._closed:
             raise HetrlError(f"this {self.name} schedule was closed; make a new Run")
         t_end = time.perf_counter() + self.PHASE_S
+        rollout = self.core.ratio.base if self.core.rollout else None
         while not self.done():
             self._step()
-            if time.perf_counter() >= t_end:
+            if rollout is not None:
+                if self.core.ratio.base != rollout:
+                    break
+            elif time.perf_counter() >= t_end:
                 break
         eps, self._episodes = self._episodes, []
         return eps

@@ -4,7 +4,8 @@ It is the reference realisation of the training protocol:
     actor --collect--> insert --> replay --sample--> learner --|TD|--> priorities --> replay
     learner --publish--> parameter store --latest--> actor
 One *phase* = `train_freq` env steps of acting, then the gradient steps the learner core's replay
-ratio allows (hetrl/runtime/ratio.py: replay_ratio x the env steps beyond learning_starts). The
+ratio allows (hetrl/runtime/ratio.py: replay_ratio x the env steps beyond learning_starts); for an
+on-policy algorithm, one rollout of acting, then its learner phase. The
 learner, counters, checkpoint and figures are the learner core's (hetrl/runtime/core.py).
 """
 
@@ -50,15 +51,14 @@ class InlineSchedule(Schedule):
 
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
-        cfg, core, c = self.cfg, self.core, self.c
+        core, c = self.core, self.c
         new = self.params.latest(self.actor.params_version)   # the newest policy (a phase's, or one loaded between)
         if new is not None:
             self.actor.load(*new)
         t0 = time.perf_counter()
         before = self.actor.env_steps
-        left = cfg.steps - c.env_steps
-        batch = self.actor.collect(min(cfg.train_freq, left), lambda s: core.algo.exploration(c.env_steps + s - before),
-                                   limit=left)
+        n, most = core.ratio.to_collect()
+        batch = self.actor.collect(n, lambda s: core.algo.exploration(c.env_steps + s - before), limit=most)
         t1 = time.perf_counter()
         if batch is not None:
             core.insert(self.replay, batch)

@@ -147,8 +147,11 @@ class LocalSchedule(Schedule):
         self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
                          for _ in range(lay.actors)]
         self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
-        self._batches = BatchGroups(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.system.preallocate and on_cpu)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.system.prefetch else None
+        # sampled groups of batches (an on-policy rollout is learned in the learner core's phase instead)
+        self._batches = None if core.rollout else BatchGroups(self.replay, spec, cfg.batch_size, lay.group,
+                                                              preallocate=cfg.system.preallocate and on_cpu)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") \
+            if cfg.system.prefetch and not core.rollout else None
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
         self._episodes: list[tuple[float, int]] = []
@@ -374,7 +377,9 @@ class LocalSchedule(Schedule):
             self.c.replay_s += dt
 
     def _learn_step(self) -> bool:
-        """One algo.learn call on a group of batches; False when the rule allows none."""
+        """One algo.learn call on a group of batches (on-policy: a rollout's phase); False when the rule allows none."""
+        if self.core.rollout:
+            return self.core.learn_rollout(self.replay)
         self._join_prefetch()
         if self._ready is None:
             g = self._allowed_group()

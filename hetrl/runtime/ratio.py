@@ -18,6 +18,10 @@ The learner core owns one (``core.ratio``); every schedule asks it and only move
 * the priority lag (``priority_lag``): with prioritised replay a batch is drawn only once the
   priorities of all but ``priority_lag`` of the batches drawn before it are written (0: exact PER,
   each batch sampled from a tree that holds every earlier batch's |TD|), under every schedule.
+
+An on-policy algorithm (a rollout storage in place of the replay) has :class:`RolloutRatio` instead, with the
+same interface: the actors collect one whole rollout, the learner learns it, and only then do the actors
+collect the next (no policy lag, under every schedule).
 """
 
 from __future__ import annotations
@@ -86,6 +90,12 @@ class ReplayRatio:
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
 
     # ---- the insert side -------------------------------------------------------------------------
+    def to_collect(self) -> tuple[int, int]:
+        """(env steps to collect, the most to collect) in the next round of an alternating schedule (inline): a
+        phase's train_freq, never past the run's end."""
+        left = self.steps - self.core.c.env_steps
+        return min(self.core.cfg.train_freq, left), left
+
     def grant(self) -> int:
         """Env steps an actor may be granted now: a chunk (whole vector steps), or exactly what the run
         still needs; 0 when it needs none or the rate limiter holds the actors. Applied when a chunk is
@@ -174,3 +184,77 @@ class ReplayRatio:
         return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
                 "priority_lag": self.priority_lag if self.prioritized else None,
                 "priority_lag_max": self.lag_max if self.prioritized else None}
+
+
+class RolloutRatio:
+    """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq =
+    n_steps x num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors
+    get the next only then, so they always act with the newest policy (no policy lag) under every schedule. A
+    run collects whole rollouts until it has its env steps, as SB3's `learn` does: the last one may pass
+    cfg.steps by up to a rollout less one vector step. `chunk`: env steps per grant (one actor's share of a
+    rollout: n_steps x its envs)."""
+
+    prioritized, priority_lag, lag_max, rule, error_buffer, servers, phased = False, 0, 0, None, None, 0, False
+
+    def __init__(self, core, chunk: int | None = None):
+        self.core, self.B = core, core.cfg.batch_size
+        self.chunk = int(chunk or core.cfg.train_freq)
+        self.spi = core.cfg.replay_ratio * core.cfg.batch_size
+        self.min_size = 0
+        self.base = core.c.env_steps              # env steps when the current rollout began
+
+    @property
+    def steps(self) -> int:
+        return self.core.cfg.steps
+
+    @property
+    def rollout(self) -> int:
+        return self.core.cfg.train_freq
+
+    def collected(self) -> int:
+        """Env steps of the current rollout that are in."""
+        return self.core.c.env_steps - self.base
+
+    def _room(self, n: int) -> int:
+        if self.base >= self.steps:   # the run's last rollout is in: no other begins
+            return 0
+        return max(0, min(n, self.rollout - self.collected() - self.core.reserved))
+
+    def to_collect(self) -> tuple[int, int]:
+        n = self._room(self.rollout)
+        return n, n
+
+    def grant(self) -> int:
+        return self._room(self.chunk)
+
+    def ready(self) -> bool:
+        """Whether the current rollout is complete (every grant is in) and may be learned."""
+        return self.collected() >= self.rollout and not self.core.reserved
+
+    def allowed(self, replay_size: int | None = None) -> int:
+        """The gradient steps of a phase while a whole rollout waits to be learned, else 0."""
+        return grads_per_phase(self.core.cfg) if self.ready() else 0
+
+    def owed(self) -> int:
+        return self.allowed()
+
+    def drawn(self, g: int) -> None:
+        self.core.c.samples += g * self.B
+
+    def undrawn(self, g: int) -> None:
+        self.core.c.samples -= g * self.B
+
+    def written(self, g: int) -> None:
+        pass
+
+    def phase_done(self) -> None:
+        """The current rollout was learned (or dropped): the next begins at the current env step count."""
+        self.base = self.core.c.env_steps
+
+    def finished(self, replay_size: int | None = None) -> bool:
+        """Every rollout of the run is collected and learned."""
+        return self.core.c.env_steps >= self.steps and self.collected() == 0
+
+    def figures(self) -> dict:
+        return {"rate_limit": False, "phased": False, "samples_per_insert": self.spi, "rate_error_buffer": None,
+                "priority_lag": None, "priority_lag_max": None, "rollout": self.rollout}

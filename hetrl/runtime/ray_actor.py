@@ -15,6 +15,8 @@ reads: a broadcast, not a copy per actor); the weights are fetched only when new
 The call returns once the server acknowledged the insert: its rate limiter holds the actor
 there while the learner is behind. With `stage` (a reproducible run: phases) the chunk is staged at
 the server, which inserts the phase's chunks in actor order at the phase boundary (its commit).
+Without a server (an on-policy run: the learner holds the rollout) the
+chunk itself is returned, in place of the server's counters.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class RayActor:
         steps = self.actor.env_steps - start
         busy = time.perf_counter() - t0
         rows = 0 if batch is None else len(batch["obs"])
+        if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout
+            return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, batch or {}
         counters, ref = None, ray.put(batch or {})  # one copy in the object store, whatever the retries
         if stage:
             ray.get(self.server.stage.remote(self.index, ref, steps))

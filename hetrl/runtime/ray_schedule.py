@@ -174,7 +174,10 @@ class RaySchedule(Schedule):
         self.startup_s = 0.0
         self._check_resources(ray)
         t0 = time.perf_counter()
-        self._start_servers(ray)
+        if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
+            self.replay = self.core.make_replay()
+        else:
+            self._start_servers(ray)
         self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
         for s in self.slots:
@@ -218,8 +221,8 @@ class RaySchedule(Schedule):
 
         spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
         remote = ray.remote(num_cpus=self.cfg.system.ray_actor_cpus, max_restarts=0)(RayActor)
-        s.handle = remote.remote(spec, self.servers[s.index % len(self.servers)], self.cfg.system.actor_one_thread,
-                                 s.index)
+        server = self.servers[s.index % len(self.servers)] if self.servers else None
+        s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread, s.index)
         s.calls = {}
 
     def _wait_ready(self, ray) -> None:
@@ -345,7 +348,10 @@ class RaySchedule(Schedule):
                     s.chunk = (ref, steps, version, episodes, busy)
                     continue
                 self.core.returned(ref)
-                if counters is not None:
+                if self.core.rollout:   # `counters` is the chunk itself (no replay server)
+                    self.core.insert(self.replay, counters, s.index)
+                    self.core.inserted(steps, version)
+                elif counters is not None:
                     self._count_inserts(s.index % len(self.servers), counters["inserts"], version)
                 self.c.acting_s += busy
                 self._episodes.extend(episodes)
@@ -385,6 +391,8 @@ class RaySchedule(Schedule):
     def _learn_step(self) -> bool:
         import ray
 
+        if self.core.rollout:
+            return self.core.learn_rollout(self.replay)
         self._request()
         if self._pending is None:
             return False
@@ -496,14 +504,14 @@ class RaySchedule(Schedule):
         import ray
 
         c, S = self.c, len(self.servers)
-        self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
-        ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S) for i, h in enumerate(self.servers)])
+        if S:
+            self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
+            ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S)
+                     for i, h in enumerate(self.servers)])
 
     def _restart_actors(self) -> None:
         """After a checkpoint without the actors' state: actors started with seeds for step 0 are replaced by
         actors with seeds for this step count."""
-        import ray
-
         self._sync_servers()
         self._stop_actors()
         for s in self.slots:

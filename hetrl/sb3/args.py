@@ -113,6 +113,29 @@ def learning_rate(value: Any) -> tuple[float, Callable[[float], float] | None, s
     raise UsageError(f"learning_rate={value!r} is not a number or a schedule callable")
 
 
+def schedule(key: str, value: Any, setting: str) -> dict[str, Any]:
+    """A clip range (SB3: a number, or a callable of the progress remaining; rl-zoo: 'lin_X') as `setting` and its
+    `<setting>_schedule` (constant or linear); a callable must be one of those two (it is probed)."""
+    if isinstance(value, str):
+        lr, _, kind = learning_rate(value)
+        return {setting: lr, f"{setting}_schedule": kind}
+    if callable(value):
+        try:
+            probe = [float(value(p)) for p in (1.0, 0.5, 0.25, 0.0)]
+        except Exception as e:
+            raise UsageError(f"{key} schedule {value!r} failed at a progress remaining in [0, 1] ({e})") from None
+        v = probe[0]
+        if all(math.isclose(x, v, rel_tol=1e-9, abs_tol=1e-12) for x in probe):
+            return {setting: v, f"{setting}_schedule": "constant"}
+        if all(math.isclose(x, v * p, rel_tol=1e-9, abs_tol=1e-12) for x, p in zip(probe, (1.0, 0.5, 0.25, 0.0))):
+            return {setting: v, f"{setting}_schedule": "linear"}
+        raise UsageError(f"{key}={value!r}: hetrl takes a clip range that is constant or linear in the progress "
+                         f"remaining (rl-zoo's lin_X); this one gives {probe} at 1, 0.5, 0.25, 0")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {setting: float(value)}
+    raise UsageError(f"{key}={value!r} is not a number, 'lin_X' or a schedule callable")
+
+
 def train_freq(value: Any, num_envs: int) -> int:
     """SB3's train_freq (n, or (n, 'step'|'episode')) as hetrl's env steps per training phase."""
     n, unit = value, "step"
@@ -162,16 +185,18 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
     out: dict[str, Any] = {}
     default_arch, cnn_arch = sig.net_arch, sig.cnn_net_arch
     arch = kw.pop("net_arch", (cnn_arch if policy == "CnnPolicy" and cnn_arch is not None else default_arch))
+    pi_key, critic_key = sig.net_arch_keys
+    critic = f"{critic_key}_arch"   # qf_arch (off-policy critics), vf_arch (an on-policy value network)
     if isinstance(arch, dict):
-        unknown = set(arch) - {"pi", "qf"}
+        unknown = set(arch) - {pi_key, critic_key}
         if unknown or not sig.net_arch_dict:
-            what = "only pi and qf" if sig.net_arch_dict else f"{algo.upper()} takes a list"
+            what = f"only {pi_key} and {critic_key}" if sig.net_arch_dict else f"{algo.upper()} takes a list"
             raise UsageError(f"policy_kwargs net_arch={arch!r}: {what}"
-                             "; e.g. net_arch=[256, 256] or dict(pi=[64, 64], qf=[400, 300])")
-        pi, qf = list(arch.get("pi", [])), list(arch.get("qf", []))
-        out["net_arch"], out["qf_arch"] = pi, ([] if qf == pi else qf)
+                             f"; e.g. net_arch=[256, 256] or dict({pi_key}=[64, 64], {critic_key}=[400, 300])")
+        pi, qf = list(arch.get(pi_key, [])), list(arch.get(critic_key, []))
+        out["net_arch"], out[critic] = pi, ([] if qf == pi else qf)
     elif arch is not None:
-        out["net_arch"], out["qf_arch"] = list(arch), []
+        out["net_arch"], out[critic] = list(arch), []
     act = kw.pop("activation_fn", None)
     if act is not None:
         name = act if isinstance(act, str) else getattr(act, "__name__", repr(act))
@@ -182,7 +207,7 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
                              "(the compiled learner implements those)")
         out["activation"] = ACTIVATIONS[name]
     elif "activation" in fields:
-        out["activation"] = "relu"
+        out["activation"] = sig.activation
     if "n_critics" in kw:
         n = kw.pop("n_critics")
         if sig.n_critics is None or n != sig.n_critics:
@@ -261,14 +286,32 @@ def to_settings(algo: str, given: dict[str, Any], *, policy: str = "MlpPolicy", 
             if v != 1:
                 raise UsageError(f"target_update_interval={v}: hetrl's {algo.upper()} updates its targets after "
                                  "every gradient step (SB3's default 1); drop it")
-        elif k in ("ent_coef", "target_entropy") and k in fields:
+        elif k in ("ent_coef", "target_entropy") and isinstance(fields.get(k), str):
             out[k] = v if isinstance(v, str) else repr(float(v))
+        elif k in ("clip_range", "clip_range_vf") and k in fields:
+            if k == "clip_range_vf" and v is None:
+                out[k] = 0.0   # SB3's None: no value clipping
+            else:
+                got = schedule(k, v, k)
+                if k == "clip_range_vf":   # hetrl's value clip follows clip_range's schedule
+                    got.pop("clip_range_vf_schedule", None)
+                out.update(got)
+        elif k == "target_kl" and k in fields:
+            out[k] = 0.0 if v is None else float(v)
+        elif k == "rollout_buffer_class":
+            if v is not None and getattr(v, "__name__", v) != "RolloutBuffer":
+                raise UsageError(f"rollout_buffer_class={getattr(v, '__name__', v)} is not supported (hetrl's rollout "
+                                 "storage is its own); drop it")
+        elif k == "rollout_buffer_kwargs":
+            if v:
+                raise UsageError(f"rollout_buffer_kwargs={v} not supported (hetrl's rollout storage takes none); drop "
+                                 "them")
         elif k == "policy_kwargs":
             out.update(policy_kwargs(algo, v, policy, set(fields)))
         elif k in TAIL:
             keep[k] = v
-        elif RENAMED.get(k, k) in fields:
-            out[RENAMED.get(k, k)] = v
+        elif k in fields or RENAMED.get(k, k) in fields:   # an algorithm's own n_steps (PPO's rollout) is its own
+            out[k if k in fields else RENAMED[k]] = v
         else:
             raise UsageError(f"{k}: hetrl's {algo.upper()} has no such argument (`hetrl settings {algo}` lists its "
                              "settings)")

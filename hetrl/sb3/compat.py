@@ -29,6 +29,9 @@ REPLAY: dict[str, Any] = {"replay_buffer_class": None, "replay_buffer_kwargs": N
 ACTOR_CRITIC: dict[str, Any] = {"buffer_size": 1_000_000, "learning_starts": 100, "batch_size": 256, "tau": 0.005,
                                 "gamma": 0.99, "train_freq": 1, "gradient_steps": 1, "action_noise": None, **REPLAY}
 SDE: dict[str, Any] = {"use_sde": False, "sde_sample_freq": -1, "use_sde_at_warmup": False}
+# SB3's on-policy algorithms: the arguments after their own, in SB3's order
+ON_POLICY_TAIL: dict[str, Any] = {"use_sde": False, "sde_sample_freq": -1, "rollout_buffer_class": None,
+                                  "rollout_buffer_kwargs": None}
 TAIL: dict[str, Any] = {"stats_window_size": 100, "tensorboard_log": None, "policy_kwargs": None, "verbose": 0,
                         "seed": None, "device": "auto"}
 
@@ -60,6 +63,10 @@ class SB3Compat:
     policy_nets: tuple[str, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
     logs_exploration_rate: bool = False          # the training log records rollout/exploration_rate (epsilon)
+    activation: str = "relu"                     # the policy's activation where policy_kwargs names none (SB3's)
+    # the keys a dict net_arch takes: the policy's, then the critic's (its setting: "<key>_arch": qf_arch, vf_arch)
+    net_arch_keys: tuple[str, str] = ("pi", "qf")
+    log_interval: int = 4                        # learn()'s default log_interval (on-policy: in rollouts)
 
 
 GENERIC = SB3Compat()
@@ -114,6 +121,32 @@ BUILTIN: dict[str, SB3Compat] = {
         renames=((r"^actor\.body\.", "actor.latent_pi."), (r"^actor\.mean\.", "actor.mu."),
                  (r"^actor\.log_std\.", "actor.log_std."), (r"^critics\.(\d+)\.q\.", r"critic.qf\1."),
                  (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1."))),
+
+    # SB3's PPO and A2C (on-policy): ActorCriticPolicy, separate pi and vf networks of tanh layers
+    "ppo": SB3Compat(
+        class_name="PPO",
+        defaults=dict(learning_rate=3e-4, n_steps=2048, batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95,
+                      clip_range=0.2, clip_range_vf=None, normalize_advantage=True, ent_coef=0.0, vf_coef=0.5,
+                      max_grad_norm=0.5, **ON_POLICY_TAIL, target_kl=None, **TAIL),
+        net_arch={"pi": [64, 64], "vf": [64, 64]}, activation="tanh", net_arch_keys=("pi", "vf"), log_interval=1,
+        policy_aliases=("ActorCriticPolicy",), optimizer_kwargs=({"eps": 1e-5},),
+        policy_classes={"MlpPolicy": "stable_baselines3.common.policies:ActorCriticPolicy"},
+        policy_nets=("policy", "value"),
+        renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
+                 (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
+                 (r"^value\.value_net\.", "value_net."))),
+    "a2c": SB3Compat(
+        class_name="A2C",
+        defaults=dict(learning_rate=7e-4, n_steps=5, gamma=0.99, gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5,
+                      max_grad_norm=0.5, rms_prop_eps=1e-5, use_rms_prop=True, **ON_POLICY_TAIL,
+                      normalize_advantage=False, **TAIL),
+        net_arch={"pi": [64, 64], "vf": [64, 64]}, activation="tanh", net_arch_keys=("pi", "vf"), log_interval=100,
+        policy_aliases=("ActorCriticPolicy",), optimizer_kwargs=({"eps": 1e-5},),
+        policy_classes={"MlpPolicy": "stable_baselines3.common.policies:ActorCriticPolicy"},
+        policy_nets=("policy", "value"),
+        renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
+                 (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
+                 (r"^value\.value_net\.", "value_net."))),
 
     # SB3-contrib's CrossQ: its constructor (no tau: no target networks) and policy defaults; SB3 has no policy
     # file layout for batch renormalisation, so model.policy.save() is refused

@@ -112,7 +112,9 @@ class OffPolicyModel:
                                              policy=pname, num_envs=conv.num_envs, act_dim=probe["act_dim"],
                                              env=env_name(conv.spec))
         sb3args.check_policy(pname, self._algo_cls(), probe["raw"], probe["obs"])
-        settings.update(num_envs=conv.num_envs, frame_stack=conv.frame_stack, eval_episodes=0, keep_best=False)
+        self._check_env_settings(conv, sb3)
+        settings.update(num_envs=conv.num_envs, frame_stack=conv.frame_stack, eval_episodes=0, keep_best=False,
+                        **conv.settings)
         device = sb3.get("device", "auto")
         if device is not None and str(device) != "auto":
             settings["device"] = str(device)
@@ -123,6 +125,14 @@ class OffPolicyModel:
                     lr_fn=keep.get("lr_fn"), spaces=(probe["raw"], probe["obs"], probe["act"]))
 
     # ---- construction ---------------------------------------------------------------------------
+    def _check_env_settings(self, conv: sb3envs.Converted, sb3: dict) -> None:
+        """An env that implies settings (SB3's VecNormalize) for an algorithm without them: one line."""
+        fields = set(keys(settings_class(self.algo)))
+        if conv.vec_normalize is not None and not set(conv.settings) <= fields:
+            raise UsageError(f"{type(self).__name__}(): a VecNormalize env, but hetrl's {self.algo.upper()} does not "
+                             "normalise observations or rewards (its on-policy algorithms do: PPO, A2C); pass the "
+                             "vector env without VecNormalize")
+
     @classmethod
     def _algo_cls(cls):
         from hetrl import registry
@@ -504,8 +514,8 @@ class OffPolicyModel:
                 settings["lr"], lr_fn, settings["lr_schedule"] = sb3args.learning_rate(v)
             elif k in OWN:
                 own[k] = v
-            elif sb3args.RENAMED.get(k, k) in fields:
-                settings[sb3args.RENAMED.get(k, k)] = v
+            elif k in fields or sb3args.RENAMED.get(k, k) in fields:
+                settings[k if k in fields else sb3args.RENAMED[k]] = v
             elif k in ("verbose", "tensorboard_log", "stats_window_size"):
                 sb3[k] = v
             else:
@@ -679,9 +689,14 @@ def model_class(name: str) -> type[OffPolicyModel]:
     from hetrl import registry
 
     key = name.lower()
-    registry.get(key)   # a clear error for an unknown name
+    algo_cls = registry.get(key)   # a clear error for an unknown name
     if key not in _CLASSES:
-        cls = type(class_name(key), (OffPolicyModel,), {
+        base = OffPolicyModel
+        if getattr(algo_cls, "storage", "replay") == "rollout":   # SB3's on-policy interface (PPO, A2C)
+            from hetrl.sb3.onpolicy import OnPolicyModel
+
+            base = OnPolicyModel
+        cls = type(class_name(key), (base,), {
             "algo": key, "__module__": "hetrl.sb3",
             "__doc__": f"{key.upper()} with Stable-Baselines3's interface, trained by hetrl (hetrl/sb3/model.py)."})
         P = inspect.Parameter

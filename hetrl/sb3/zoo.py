@@ -4,12 +4,14 @@
     hetrl.train("sac", env="Pendulum-v1", hyperparams="hyperparams/sac.yml")
 
 The entry is the env id's, else `atari` for an Atari id, else `default` (as the zoo picks it). Its keys are the
-zoo's: `n_timesteps` (the run's steps), `policy`, `n_envs`, `frame_stack`, `normalize`, `env_wrapper`,
+zoo's: `n_timesteps` (the run's steps), `policy`, `n_envs`, `frame_stack`, `normalize` (the on-policy algorithms'
+normalisation: VecNormalize's semantics, hetrl/algos/onpolicy.py), `env_wrapper`,
 `noise_type`/`noise_std`, and the algorithm's SB3 arguments (`learning_rate` incl. the zoo's `lin_X` schedules,
 `policy_kwargs` as the zoo's Python-like string, parsed safely: literals, dict(...), and names such as nn.ReLU,
 never evaluated). They go through the same mapping as the SB3-style classes (hetrl/sb3/args.py), with SB3's
 defaults for every argument the entry leaves out, so hetrl's own presets take no part. An entry hetrl cannot
-honour (VecNormalize, gSDE, an env wrapper other than SB3's AtariWrapper, HER, ...) is a UsageError naming it.
+honour (gSDE, an env wrapper other than SB3's AtariWrapper, HER, normalisation for an off-policy algorithm, ...) is a
+UsageError naming it.
 Settings given beside the file (--config, --set, keywords) win over it.
 """
 
@@ -106,10 +108,7 @@ def settings(path: str | Path, algo: str, env: str) -> dict[str, Any]:
         num_envs = int(e.pop("n_envs", 1))
         out["num_envs"] = num_envs
         out["frame_stack"] = int(e.pop("frame_stack", 1) or 1)
-        norm = e.pop("normalize", False)
-        if norm not in (False, None, "False", "false"):
-            raise UsageError(f"normalize={norm!r}: VecNormalize is not supported (hetrl does not normalise "
-                             "observations or rewards)")
+        out.update(_normalize(e.pop("normalize", False), algo, e.get("gamma")))
         out.update(_wrappers(e.pop("env_wrapper", None), env))
         for key in ("vec_env_wrapper", "callback", "env_kwargs", "monitor_kwargs", "eval_env_kwargs"):
             if e.get(key):
@@ -137,6 +136,38 @@ def settings(path: str | Path, algo: str, env: str) -> dict[str, Any]:
     except UsageError as err:
         raise UsageError(f"{where}: {err}") from None
     return out
+
+
+NORMALIZE_ARGS = {"norm_obs": "normalize_obs", "norm_reward": "normalize_reward", "clip_obs": "clip_obs",
+                  "clip_reward": "clip_reward"}
+
+
+def _normalize(value: Any, algo: str, gamma: Any) -> dict[str, Any]:
+    """The zoo's `normalize` (true, or a string of VecNormalize's keyword arguments) as the settings of an algorithm
+    that normalises (the on-policy ones: normalize_obs, normalize_reward, clip_obs, clip_reward; the returns are
+    discounted by the run's gamma, as the zoo gives VecNormalize the entry's gamma)."""
+    if value in (False, None, "False", "false"):
+        return {}
+    from hetrl.config import keys, settings_class
+
+    if "normalize_obs" not in keys(settings_class(algo)):
+        raise UsageError(f"normalize={value!r}: hetrl's {algo.upper()} does not normalise observations or rewards "
+                         "(its on-policy algorithms do: PPO, A2C)")
+    kw = {"norm_obs": True, "norm_reward": True}
+    if isinstance(value, str) and value.strip() not in ("True", "true"):
+        got = parse(value, "normalize")
+        if not isinstance(got, dict):
+            raise UsageError(f"normalize={value!r} is not true or a dict of VecNormalize's arguments")
+        kw.update(got)
+    if kw.get("gamma") is not None and gamma is not None and float(kw.pop("gamma")) != float(gamma):
+        raise UsageError("normalize: VecNormalize's gamma differs from the entry's gamma; hetrl discounts the returns "
+                         "it scales rewards by with the run's gamma")
+    kw.pop("gamma", None)
+    unknown = set(kw) - set(NORMALIZE_ARGS)
+    if unknown:
+        raise UsageError(f"normalize: VecNormalize's {', '.join(sorted(unknown))} not supported (norm_obs, "
+                         "norm_reward, clip_obs, clip_reward are)")
+    return {NORMALIZE_ARGS[k]: v for k, v in kw.items()}
 
 
 def _wrappers(spec: Any, env: str) -> dict[str, Any]:
