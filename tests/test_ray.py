@@ -281,22 +281,24 @@ def test_ray_usage_errors(local_ray):
 
 
 @pytest.mark.ray
-@pytest.mark.slow
-def test_ray_dqn_cartpole_learns(local_ray):
-    """The issue's bar: DQN CartPole-v1 >= 475 in 50k env steps under the ray schedule (preset,
-    rate-limited to the preset's replay ratio; the best evaluated policy, reported on fresh seeds)."""
+def test_the_ray_schedule_runs_the_local_schedules_run(local_ray):
+    """The ray schedule learns what the local schedule learns, not one trajectory that happens to score: with the
+    same actors, one replay shard and the same seed, both run the same phases (chunks inserted in actor order at a
+    boundary, the learner drawing from the replay as it stood there, the shard's sampler seeded as the local
+    replay's), so their parameters and evaluations are equal. How well that learns is judged over seeds elsewhere
+    (tests/test_learning.py)."""
+    import torch
+
     import hetrl
 
-    # Under Ray the actor and the learner interleave as the machine's timing has it, so a run is one draw of a
-    # stochastic outcome even with a fixed seed (DQN's preset misses 475 at 50k on some seeds, docs/results.md's
-    # 8-seed population): a miss gets a second run on another seed, and the bar stays the zoo's
-    for seed in (0, 1):
-        run = hetrl.train("dqn", "CartPole-v1", plan="none", steps=50_000, seed=seed, schedule="ray", actors=1,
-                          progress=False)
-        assert abs(run.result["replay_ratio_achieved"] - 0.49) < 0.01
-        if run.result["eval_return_mean"] >= 475:
-            break
-    assert run.result["eval_return_mean"] >= 475, run.result
+    kw = dict(steps=2500, learning_starts=500, net_arch=[32, 32], threads=1, learner_kernel="public", actors=2,
+              envs_per_actor=2, eval_episodes=2, eval_interval=1000, seed=2, plan="none", progress=False)
+    local = hetrl.train("dqn", "CartPole-v1", schedule="local", **kw)
+    on_ray = hetrl.train("dqn", "CartPole-v1", schedule="ray", ray_actor_cpus=0.5, **kw)
+    assert on_ray.result["gradient_steps"] == local.result["gradient_steps"] > 0
+    for p, q in zip(local.algo.q.parameters(), on_ray.algo.q.parameters()):
+        assert torch.equal(p, q)
+    assert on_ray.result["evaluations"] == local.result["evaluations"] and len(local.result["evaluations"]) == 3
 
 
 @pytest.mark.ray
