@@ -20,6 +20,7 @@ def median_return(pop) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)   # three members trained together: about a minute, several on a machine other jobs load
 def test_dqn_learns_cartpole(tmp_path):
     pop = hetrl.train("dqn", "CartPole-v1", seeds=3, out=tmp_path / "pop", plan="none", steps=16_000, progress=False,
                       net_arch=[64, 64], threads=1, exploration_fraction=0.2, train_freq=128, gradient_steps=64,
@@ -28,6 +29,7 @@ def test_dqn_learns_cartpole(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_ddpg_learns_pendulum(tmp_path):
     pop = hetrl.train("ddpg", "Pendulum-v1", seeds=3, out=tmp_path / "pop", plan="none", steps=4_000, progress=False,
                       net_arch=[64, 64], threads=1, learning_starts=1000, batch_size=128, eval_episodes=10)
