@@ -92,3 +92,37 @@ def test_monitor_files_get_the_training_episodes(tmp_path):
     assert [f.name for f in files] == ["0.monitor.csv", "1.monitor.csv"]   # one per env, as SB3 names them
     counts = [len(monitor_rows(f)) for f in files]
     assert sum(counts) == m._episode_num and min(counts) >= 1
+
+
+LOSS_KEYS = {
+    "DQN": {"train/loss"}, "DDPG": {"train/actor_loss", "train/critic_loss"},
+    "TD3": {"train/actor_loss", "train/critic_loss"},
+    "SAC": {"train/actor_loss", "train/critic_loss", "train/ent_coef", "train/ent_coef_loss"},
+    "CrossQ": {"train/actor_loss", "train/critic_loss", "train/ent_coef", "train/ent_coef_loss"},
+    "PPO": {"train/policy_gradient_loss", "train/value_loss", "train/entropy_loss", "train/approx_kl",
+            "train/clip_fraction", "train/explained_variance", "train/loss", "train/clip_range", "train/std"},
+    "A2C": {"train/policy_loss", "train/value_loss", "train/entropy_loss", "train/explained_variance"},
+}
+SHORT = {"DQN": dict(learning_starts=100, train_freq=10, batch_size=16, buffer_size=1000),
+         "PPO": dict(n_steps=100, batch_size=50, n_epochs=2), "A2C": dict(n_steps=20)}
+
+
+@pytest.mark.parametrize("name", list(LOSS_KEYS))
+def test_the_loss_scalars_sb3_logs_one_table_per_log_interval(name, tmp_path):
+    import csv
+
+    from stable_baselines3.common.logger import configure
+
+    env = "CartPole-v1" if name in ("DQN", "A2C") else "Pendulum-v1"
+    kw = SHORT.get(name, dict(learning_starts=100, batch_size=16, buffer_size=1000,
+                              policy_kwargs=dict(net_arch=[16, 16])))
+    m = getattr(hetrl, name)("MlpPolicy", env, **kw, **FAST)
+    m.set_logger(configure(str(tmp_path), ["csv"]))   # SB3's own logger: its CSV has a column per key written
+    m.learn(1000 if name != "A2C" else 2000, log_interval=1)
+    with open(tmp_path / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and LOSS_KEYS[name] <= set(rows[0])
+    last = rows[-1]
+    assert all(last[k] not in ("", "nan") for k in LOSS_KEYS[name])
+    steps = [int(r["time/total_timesteps"]) for r in rows]
+    assert steps == sorted(set(steps))   # one table per timestep: none logged twice

@@ -649,11 +649,13 @@ class OffPolicyModel:
         t = (time.time_ns() - self.start_time) / 1e9
         if self._monitor:
             self._monitor.write(episodes)
+        before = self._episode_num
         for r, n in episodes:
             self.ep_info_buffer.append({"r": float(r), "l": int(n), "t": round(t, 6)})
             self._episode_num += 1
-            if log_interval and self._episode_num % log_interval == 0 and self._logs():
-                self.dump_logs()
+        # SB3 writes a table every log_interval episodes; a phase's episodes arrive together: one table for them
+        if log_interval and self._episode_num // log_interval > before // log_interval and self._logs():
+            self.dump_logs()
 
     def _logs(self) -> bool:
         return self._custom_logger or bool(getattr(self._logger, "output_formats", None))
@@ -672,6 +674,8 @@ class OffPolicyModel:
         lg.record("time/time_elapsed", int(dt), exclude="tensorboard")
         lg.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         algo = self._algo()
+        for k, v in (self.run.train_stats() if self.run is not None else {}).items():   # the algorithm's `stats`
+            lg.record(f"train/{k}", v)
         lg.record("train/n_updates", int(algo.updates))
         lg.record("train/learning_rate", float(self._lr_fn(self._progress()) if self._lr_fn else
                                                self.hetrl_settings.get("lr", 0.0)))
