@@ -126,3 +126,25 @@ def test_the_loss_scalars_sb3_logs_one_table_per_log_interval(name, tmp_path):
     assert all(last[k] not in ("", "nan") for k in LOSS_KEYS[name])
     steps = [int(r["time/total_timesteps"]) for r in rows]
     assert steps == sorted(set(steps))   # one table per timestep: none logged twice
+
+
+def test_verbose_1_says_the_plan_in_one_line_and_the_bar_is_sb3s(tmp_path, monkeypatch, capfd):
+    from synthetic_profiles import synthetic_table
+
+    from hetrl.planner.profile import cache_path, grid_for, machine_info, machine_id, network_key
+
+    monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path))
+    m = hetrl.DQN("MlpPolicy", "CartPole-v1", verbose=1, learning_starts=100, train_freq=50, batch_size=16,
+                  seed=0, threads=1, device="cpu", learner_kernel="public")
+    cfg = m._config(600, "none")[0]   # a synthetic profile of this machine where the planner looks (no profiling)
+    machine = machine_info()
+    t = synthetic_table(algo=cfg.algo, env=cfg.env, env_step_s=3e-3, learn_s={"cpu": 1e-3})
+    t.data.update(machine=machine, machine_id=machine_id(machine), grid=grid_for(cfg, False, machine["cores"]))
+    t.data["key"]["network"] = network_key(cfg)
+    t.save(cache_path(cfg, machine))
+    m.learn(600, progress_bar=True)
+    out, err = capfd.readouterr()
+    hetrl_lines = [line for line in (out + err).splitlines() if line.startswith("hetrl:")]
+    assert len(hetrl_lines) == 1 and "planned for" in hetrl_lines[0], hetrl_lines
+    assert "env steps/s  " not in out + err          # no text progress lines: the bar (tqdm.rich) instead
+    assert "600/600" in out + err and "train/loss" in out

@@ -198,7 +198,7 @@ class OffPolicyModel:
         return api.prepare(self.algo, spec, steps=steps, seed=self.seed, out=own.get("out"),
                            force=bool(own.get("force")) or self.run is not None or self._pending is not None,
                            plan=plan, objective=own.get("objective", "throughput"),
-                           allow_more_envs=bool(own.get("allow_more_envs")), progress=self.verbose >= 1, **pins)
+                           allow_more_envs=bool(own.get("allow_more_envs")), progress=self.verbose >= 2, **pins)
 
     # ---- SB3's attributes ---------------------------------------------------------------------------------
     @property
@@ -273,8 +273,9 @@ class OffPolicyModel:
         run = self._open_run(target, reset_num_timesteps)
         self.start_time = time.time_ns()   # after planning and building the Run (SB3's fps: of training)
         try:
-            run.learn(progress=progress_bar, callback=hook, keep_open=True)
+            run.learn(progress=False, callback=hook, keep_open=True)   # the bar: the hook's (SB3's)
         except BaseException:
+            hook.close_bar()
             self._salvage(keep_counters=True)
             raise
         self.num_timesteps = run.env_steps
@@ -289,6 +290,8 @@ class OffPolicyModel:
             self._salvage(keep_counters=False)
         plan = self._own.get("plan", "auto")
         cfg, out, planned = self._config(target, plan)
+        if self.verbose == 1:   # the planner's own lines (its profiling, its notes) at verbose >= 2
+            print(plan_line(cfg, planned), flush=True)
         cfg = self._kernel_for_lr(cfg)
         run = api.Run(cfg, self._conv.spec, out, bool(self._own.get("save_replay")), plan_info=planned)
         try:
@@ -687,6 +690,23 @@ class OffPolicyModel:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.policy_class!r}, {self.hetrl_settings.get('num_envs')} envs, " \
                f"num_timesteps={self.num_timesteps})"
+
+
+def plan_line(cfg, planned: dict | None) -> str:
+    """One line saying the system a learn() runs on (SB3 says its device at verbose=1)."""
+    p = (planned or {}).get("plan", {}).get("plan") or {}
+    s = cfg.system
+    sched, dev = p.get("schedule", s.schedule), p.get("learner_device", s.device)
+    if sched == "inline":
+        where = f"inline, {cfg.num_envs} env(s)"
+    elif p:
+        where = f"{sched}, {p['actors']} actor process(es) x {p['envs_per_actor']} env(s)"
+    else:
+        where = f"{sched}, {s.actors or 'auto'} actor process(es), {cfg.num_envs} env(s)"
+    line = f"hetrl: {where}, learner on {dev}"
+    if planned:
+        line += f"; planned for {planned['predicted_env_steps_per_s']:,.0f} env steps/s (`hetrl plan` explains it)"
+    return line
 
 
 def _is_id(env: Any) -> bool:
