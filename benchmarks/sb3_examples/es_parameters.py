@@ -1,3 +1,5 @@
+# Stable-Baselines3's documentation, docs/guide/examples.md, Accessing and modifying model parameters, as written there with the algorithm imported from hetrl
+# (small budget / headless / installed env: pop_size = 50 -> pop_size = 10; range(10): -> range(3):)
 from typing import Dict
 
 import gymnasium as gym
@@ -37,13 +39,13 @@ mean_params = dict(
 )
 
 # population size of 50 individuals
-pop_size = 50
+pop_size = 10
 # Keep top 10%
 n_elite = pop_size // 10
 # Retrieve the environment
 vec_env = model.get_env()
 
-for iteration in range(10):
+for iteration in range(3):
     # Create population of candidates and evaluate them
     population = []
     for population_i in range(pop_size):
