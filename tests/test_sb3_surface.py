@@ -148,3 +148,21 @@ def test_verbose_1_says_the_plan_in_one_line_and_the_bar_is_sb3s(tmp_path, monke
     assert len(hetrl_lines) == 1 and "planned for" in hetrl_lines[0], hetrl_lines
     assert "env steps/s  " not in out + err          # no text progress lines: the bar (tqdm.rich) instead
     assert "600/600" in out + err and "train/loss" in out
+
+
+def test_a_vec_env_of_the_wrong_kind_is_one_line():
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    class MyWrapper(VecEnvWrapper):
+        def reset(self):
+            return self.venv.reset()
+
+        def step_wait(self):
+            return self.venv.step_wait()
+
+    for env, words in [(MyWrapper(make_vec_env("CartPole-v1", n_envs=2)), "wrapper MyWrapper is not supported"),
+                       (42, "env of type int is not supported")]:
+        with pytest.raises(UsageError, match=words) as e:
+            hetrl.PPO("MlpPolicy", env, **FAST)
+        assert "\n" not in str(e.value)
