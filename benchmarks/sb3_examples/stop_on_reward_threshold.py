@@ -1,5 +1,5 @@
 # Stable-Baselines3's documentation, docs/guide/callbacks.md, StopTrainingOnRewardThreshold, as written there with the algorithm imported from hetrl
-# (small budget / headless / installed env: model.learn(int(1e10), -> model.learn(20_000,)
+# (small budget / headless / installed env: model.learn(int(1e10), -> model.learn(10_000,)
 import gymnasium as gym
 
 from hetrl import SAC
@@ -14,4 +14,4 @@ eval_callback = EvalCallback(eval_env, callback_on_new_best=callback_on_best, ve
 model = SAC("MlpPolicy", "Pendulum-v1", verbose=1)
 # Almost infinite number of timesteps, but the training will stop
 # early as soon as the reward threshold is reached
-model.learn(20_000, callback=eval_callback)
+model.learn(10_000, callback=eval_callback)

@@ -337,6 +337,7 @@ class OffPolicyModel:
 
     def _salvage(self, keep_counters: bool) -> None:
         """Close the open Run, keeping its networks, optimizers, replay (and counters) for the next one."""
+        self._sync_run()   # parameters written through model.policy reach the Run's state first
         run, self.run = self.run, None
         if run is None:
             return
@@ -523,6 +524,7 @@ class OffPolicyModel:
 
     def _write_dir(self, d: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
+        self._sync_run()
         if self.run is not None:
             self.run.save(d, replay=False)
         else:
