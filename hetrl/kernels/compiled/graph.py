@@ -265,7 +265,7 @@ class Converter:
         numel = 1 + sum((n - 1) * s for n, s in zip(shape, strides) if n > 0 and s > 0)
         if any(n == 0 for n in shape):
             numel = 1
-        b = self.buf("temp", meta.dtype, numel)
+        b = self.buf("temp", meta.dtype, numel, (shape, strides))
         return TV(b, 0, shape, strides, meta.dtype)
 
     def temp_like_shape(self, shape, dtype) -> TV:
@@ -274,8 +274,9 @@ class Converter:
         for n in reversed(shape):
             strides.append(acc)
             acc *= max(n, 1)
-        b = self.buf("temp", dtype, max(acc, 1))
-        return TV(b, 0, shape, tuple(reversed(strides)), dtype)
+        strides = tuple(reversed(strides))
+        b = self.buf("temp", dtype, max(acc, 1), (shape, strides))
+        return TV(b, 0, shape, strides, dtype)
 
     def constant(self, t: torch.Tensor):
         """A tensor constant of the graph: a view of an algorithm storage, else a literal."""
@@ -330,6 +331,11 @@ class Converter:
 
     def emit(self, op) -> None:
         op.seq = self.seq
+        if isinstance(op, Kern):   # size-1 dims step nowhere: stride 0 (one layout per access, for comparisons)
+            for o in op.outs:
+                o.strides = _unit_strides(o.strides, op.shape)
+                o.expr = _norm_expr(o.expr, op.shape, {})
+                o.index = tuple((_norm_expr(e, op.shape, {}), st) for e, st in o.index)
         self.ops.append(op)
 
     def kern(self, out: TV, expr: tuple, what: str, mode: str = "store", src_dtype=None) -> None:
@@ -415,6 +421,26 @@ class Converter:
     def _dtype_view(self, base, m):
         raise Declined(f"{self.who}'s learn views {base.dtype} memory as {m.dtype}, which the compiled kernel does not "
                        "take")
+
+
+def _unit_strides(strides, shape) -> tuple:
+    return tuple(0 if n == 1 else st for n, st in zip(shape, strides))
+
+
+def _norm_expr(e, shape, memo):
+    k = id(e)
+    if k in memo:
+        return memo[k]
+    if e[0] == "ld":
+        ld = e[1]
+        r = ("ld", Ld(ld.buf, ld.off, _unit_strides(ld.strides, shape), ld.dtype,
+                      tuple((_norm_expr(ie, shape, memo), st) for ie, st in ld.index)))
+    elif e[0] in ("c", "rc", "iota"):
+        r = e
+    else:
+        r = (e[0], *[_norm_expr(a, shape, memo) for a in e[1:]])
+    memo[k] = r
+    return r
 
 
 def bstrides(v: TV, shape: tuple) -> tuple:

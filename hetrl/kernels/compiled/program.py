@@ -119,11 +119,9 @@ class Lowering:
 
     # ---- 0. buffers' facts -------------------------------------------------------------------------------------------
     def setup(self):
-        for op in self.cv.ops:
-            for tv in self._tvs(op):
-                b = self.bufs[tv.buf]
-                if b.kind == "temp" and tv.buf not in self.alloc and tv.off == 0:
-                    self.alloc[tv.buf] = (tv.shape, tv.strides)
+        for b in self.bufs:
+            if b.kind == "temp" and isinstance(b.info, tuple):
+                self.alloc[b.id] = b.info
         for key, b in self.cv.inputs.items():
             buf = self.bufs[b]
             shape = self._input_shape(key)
@@ -139,14 +137,6 @@ class Lowering:
             if node.op == "placeholder" and dict(self.cv.tr.inputs).get(key) == node.target:
                 return tuple(node.meta["val"].shape)
         return ()
-
-    @staticmethod
-    def _tvs(op):
-        if isinstance(op, MM):
-            return [op.out, op.a, op.b]
-        if isinstance(op, Draw):
-            return [op.out]
-        return []
 
     # ---- 1. preprocessing: products BLAS can read, outputs --------------------------------------------------------------
     def prepare_ops(self) -> list:
@@ -186,6 +176,201 @@ class Lowering:
             else:
                 raise Declined(f"{self.cv.who}'s learn writes a product into a layout the compiled kernel cannot")
         return pre + [MM(out, a, b, op.alpha, op.beta, seq=op.seq, what=op.what)]
+
+    # ---- 1b. peepholes: accumulate into zeroed gradients ----------------------------------------------------------------
+    def simplify(self, ops: list) -> list:
+        ops = self._fold_mm_accumulate(ops)
+        ops = self._fold_zero(ops)
+        ops = self._forward_copies(ops)
+        return ops
+
+    def _readers(self, ops):
+        """buf -> [(op index, Ld or MM operand)] of every read."""
+        out: dict[int, list] = {}
+        for i, op in enumerate(ops):
+            if isinstance(op, MM):
+                for tv in (op.a, op.b) + ((op.out,) if op.beta else ()):
+                    out.setdefault(tv.buf, []).append((i, tv))
+            else:
+                for o in op.outs:
+                    for ld in loads_of(o.expr, []) + [l for ie, _ in o.index for l in loads_of(ie, [])]:
+                        out.setdefault(ld.buf, []).append((i, ld))
+        return out
+
+    def _writers(self, ops):
+        out: dict[int, list] = {}
+        for i, op in enumerate(ops):
+            if isinstance(op, MM):
+                out.setdefault(op.out.buf, []).append((i, op.out))
+            else:
+                for o in op.outs:
+                    out.setdefault(o.buf, []).append((i, o))
+        return out
+
+    def _fold_mm_accumulate(self, ops):
+        """MM(T) then X = X + T (T read nowhere else) -> MM(X, beta=1): a gradient's product accumulates into the
+        gradient buffer in the GEMM."""
+        readers, writers = self._readers(ops), self._writers(ops)
+        drop = set()
+        for i, op in enumerate(ops):
+            if not isinstance(op, Kern) or len(op.outs) != 1:
+                continue
+            o = op.outs[0]
+            e = o.expr
+            if o.mode != "store" or o.index or e[0] != "add" or o.dtype != torch.float32:
+                continue
+            for mine, other in ((e[1], e[2]), (e[2], e[1])):
+                if mine[0] != "ld" or other[0] != "ld":
+                    continue
+                lx, lt = mine[1], other[1]
+                if (lx.buf, lx.off, lx.strides) != (o.buf, o.off, o.strides) or lt.index or lx.index:
+                    continue
+                w = writers.get(lt.buf, [])
+                if len(w) != 1 or not isinstance(ops[w[0][0]], MM) or len(readers.get(lt.buf, [])) != 1:
+                    continue
+                j, tvm = w[0]
+                mm_ = ops[j]
+                if mm_ is None or mm_.beta != 0 or j in drop:
+                    continue
+                shape = op.shape
+                xlo, xhi = extent(o.off, shape, o.strides)
+                if any(self._touches(ops[k], o.buf, xlo, xhi) for k in range(j + 1, i)):
+                    continue
+                if tuple(mm_.out.shape) != tuple(shape) or mm_.out.ndim != 2:
+                    continue
+                x = TV(o.buf, o.off, tuple(shape), tuple(o.strides), o.dtype)
+                if tuple(lt.strides) == tuple(bstrides(mm_.out, shape)) and lt.off == mm_.out.off:
+                    new = MM(x, mm_.a, mm_.b, mm_.alpha, 1.0, seq=mm_.seq, what=mm_.what)
+                else:
+                    continue
+                if not _row_major(new.out):
+                    if _row_major(_t(new.out)):
+                        new = MM(_t(new.out), _t(new.b), _t(new.a), new.alpha, 1.0, seq=new.seq, what=new.what)
+                    else:
+                        continue
+                ops[j] = None
+                ops[i] = new
+                drop.add(j)
+                break
+        return [op for op in ops if op is not None]
+
+    def _touches(self, op, buf, lo=None, hi=None) -> bool:
+        """Whether op reads or writes buf (in [lo, hi) where given)."""
+        if op is None:
+            return False
+
+        def hit(b, rng):
+            return b == buf and (lo is None or (rng[0] < hi and lo < rng[1]))
+        if isinstance(op, MM):
+            return any(hit(tv.buf, extent(tv.off, tv.shape, tv.strides)) for tv in (op.a, op.b, op.out))
+        for o in op.outs:
+            if hit(o.buf, (0, 1 << 62) if o.index else extent(o.off, op.shape, o.strides)):
+                return True
+            for ld in loads_of(o.expr, []) + [l for ie, _ in o.index for l in loads_of(ie, [])]:
+                if hit(ld.buf, (0, 1 << 62) if ld.index else extent(ld.off, op.shape, ld.strides)):
+                    return True
+        return False
+
+    def _fold_zero(self, ops):
+        """X = 0, then every part of X accumulated into once before any read -> each accumulation a plain write (the
+        gradient buffer zeroed before a backward, and the backward's += into it)."""
+        i = 0
+        while i < len(ops):
+            op = ops[i]
+            if isinstance(op, Kern) and len(op.outs) == 1 and op.outs[0].expr == ("c", 0.0) \
+                    and op.outs[0].mode == "store" and not op.outs[0].index:
+                z = op.outs[0]
+                lo, hi = extent(z.off, op.shape, z.strides)
+                if hi - lo == (int(np.prod(op.shape)) if op.shape else 1):   # dense
+                    plan = self._zero_cover(ops, i, z.buf, lo, hi)
+                    if plan is not None:
+                        for k, kind in plan:
+                            if kind == "mm":
+                                m = ops[k]
+                                ops[k] = MM(m.out, m.a, m.b, m.alpha, 0.0, seq=m.seq, what=m.what)
+                            else:
+                                o = ops[k].outs[0]
+                                e = o.expr
+                                o.expr = e[2] if e[1][0] == "ld" and e[1][1].buf == z.buf else e[1]
+                        del ops[i]
+                        continue
+            i += 1
+        return ops
+
+    def _zero_cover(self, ops, i, buf, lo, hi):
+        covered, plan = [], []
+        for k in range(i + 1, len(ops)):
+            op = ops[k]
+            if not self._touches(op, buf):
+                continue
+            if isinstance(op, MM) and op.out.buf == buf and op.beta == 1.0 and op.a.buf != buf and op.b.buf != buf:
+                a, b = extent(op.out.off, op.out.shape, op.out.strides)
+                if (hi - lo) and a >= lo and b <= hi and op.out.numel == b - a and \
+                        all(b <= c0 or d0 <= a for c0, d0 in covered):
+                    covered.append((a, b))
+                    plan.append((k, "mm"))
+                else:
+                    return None
+            elif isinstance(op, Kern) and len(op.outs) == 1 and op.outs[0].buf == buf:
+                o = op.outs[0]
+                e = o.expr
+                a, b = extent(o.off, op.shape, o.strides)
+                n = int(np.prod(op.shape)) if op.shape else 1
+                ok = (o.mode == "store" and not o.index and e[0] == "add" and a >= lo and b <= hi and b - a == n
+                      and all(b <= c0 or d0 <= a for c0, d0 in covered))
+                if ok:
+                    mine = [x for x in e[1:] if x[0] == "ld" and x[1].buf == buf]
+                    other = [x for x in e[1:] if not (x[0] == "ld" and x[1].buf == buf)]
+                    ok = len(mine) == 1 and len(other) == 1 and not mine[0][1].index and \
+                        (mine[0][1].off, mine[0][1].strides) == (o.off, o.strides) and \
+                        not any(ld.buf == buf for ld in loads_of(other[0], []))
+                if not ok:
+                    return None
+                covered.append((a, b))
+                plan.append((k, "kern"))
+            else:
+                return None
+            if sum(d0 - c0 for c0, d0 in covered) == hi - lo:
+                return plan
+        return None
+
+    def _forward_copies(self, ops):
+        """X = S (a plain copy, same element at every point) where S is a temporary written by one output and read
+        only here -> that output writes X (a reduction's combine into the gradient it sums, a cat's part)."""
+        readers, writers = self._readers(ops), self._writers(ops)
+        for i, op in enumerate(ops):
+            if not isinstance(op, Kern) or len(op.outs) != 1:
+                continue
+            o = op.outs[0]
+            if o.mode != "store" or o.index or o.expr[0] != "ld" or o.expr[1].index:
+                continue
+            ld = o.expr[1]
+            sb = self.bufs[ld.buf]
+            if sb.kind != "temp" or ld.buf in self.keep or sb.dtype != o.dtype:
+                continue
+            w, r = writers.get(ld.buf, []), readers.get(ld.buf, [])
+            if len(w) != 1 or len(r) != 1 or not isinstance(ops[w[0][0]], Kern):
+                continue
+            j, src = w[0]
+            if j >= i or src.index or ops[j] is None:
+                continue
+            pop = ops[j]
+            # the copy maps S to X by a shift (the same strides over the copy's space): the producer writes X there
+            if tuple(ld.strides) != tuple(o.strides):
+                continue
+            slo, shi = extent(src.off, pop.shape, src.strides)
+            clo, chi = extent(ld.off, op.shape, ld.strides)
+            n_copy = int(np.prod(op.shape)) if op.shape else 1
+            if (slo, shi) != (clo, chi) or chi - clo != n_copy:
+                continue
+            xlo, xhi = extent(o.off, op.shape, o.strides)
+            if any(self._touches(ops[k], o.buf, xlo, xhi) for k in range(j + 1, i)):
+                continue
+            if self._touches(pop, o.buf, xlo, xhi):
+                continue
+            src.buf, src.off, src.dtype = o.buf, src.off - ld.off + o.off, o.dtype
+            ops[i] = None
+        return [op for op in ops if op is not None]
 
     # ---- 2. rows -----------------------------------------------------------------------------------------------------
     def _mark(self, buf, strides, shape) -> list[int]:
@@ -232,32 +417,51 @@ class Lowering:
         return d, op.shape[d]
 
     def set_layouts(self, op, d):
-        """Mark the temporaries op writes along its row dim d."""
+        """Mark the temporaries (and draws) op reads or writes along its row dim d: a buffer read along the rows of an
+        op has those rows too (its writer, a fill or a draw without rows of its own, follows on the next pass)."""
         if isinstance(op, MM):
-            tv = op.out
-            s = tv.strides[d]
-            self._layout_temp(tv.buf, s)
+            for tv, dd in ((op.a, 0), (op.out, 0)) if d == 0 else ((op.b, 1), (op.out, 1)):
+                self._layout_temp(tv.buf, tv.strides[dd])
             return
         for o in op.outs:
-            s = o.strides[d]
-            if s != 0 and not o.index:
-                self._layout_temp(o.buf, s)
+            if o.strides[d] != 0:
+                self._layout_temp(o.buf, o.strides[d])
+            for ld in loads_of(o.expr, []) + [l for ie, _ in o.index for l in loads_of(ie, [])]:
+                if ld.strides[d] != 0:
+                    self._layout_temp(ld.buf, ld.strides[d])
 
     def _layout_temp(self, buf, s):
-        if buf in self.layout or self.bufs[buf].kind != "temp":
+        b = self.bufs[buf]
+        if buf in self.layout or b.kind not in ("temp", "draw") or s <= 0:
             return
-        shape, strides = self.alloc.get(buf, ((), ()))
+        if b.kind == "draw":
+            shape, strides = b.info.out.shape, b.info.out.strides
+        else:
+            shape, strides = self.alloc.get(buf, ((), ()))
         R = [n for n, st in zip(shape, strides) if st == s and n > 1]
-        if R:
+        if R and R[0] == self.B or R and R[0] % self.B == 0:
             self.layout[buf] = (s, R[0])
 
     # ---- 3. fusion -----------------------------------------------------------------------------------------------------
+    def analyze_rows(self, ops: list) -> None:
+        """Every op's row dim, to a fixpoint: a temporary first written without rows (a fill) takes the rows of a
+        later writer, and its readers and writer follow on the next pass."""
+        self.rows: dict[int, tuple[int, int]] = {}
+        for _ in range(4):
+            before = dict(self.layout)
+            for op in ops:
+                d, N = self.rows_of(op)
+                self.rows[id(op)] = (d, N)
+                if d >= 0:
+                    self.set_layouts(op, d)
+            if self.layout == before:
+                break
+
     def fuse(self, ops: list) -> list:
+        self.analyze_rows(ops)
         placed: list = []            # Items in order
         for op in ops:
-            d, N = self.rows_of(op)
-            if d >= 0:
-                self.set_layouts(op, d)
+            d, N = self.rows[id(op)]
             it = Item(op, op.seq, d, N)
             it.accesses = self.accesses(op, d)
             if isinstance(op, Kern):
@@ -706,7 +910,7 @@ def lower(cv: Converter, units: int, batch: int) -> Program:
     lw = Lowering(cv, units, batch)
     lw.setup()
     outputs = lw.mark_outputs()
-    ops = lw.prepare_ops()
+    ops = lw.simplify(lw.prepare_ops())
     items = lw.fuse(ops)
     items = lw.drop_dead(items)
     items = lw.classify(items)
@@ -1120,3 +1324,15 @@ def _itemsize(dt) -> int:
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def describe_schedule(lw_segs, kinds) -> str:
+    """The segments, their jobs and passes, one line each (for debugging a lowering)."""
+    lines = []
+    for s, seg in enumerate(lw_segs):
+        for j, job in enumerate(seg):
+            what = ", ".join(f"{getattr(it.op, 'what', '?')}{'*' if it.partial else ''}"
+                             f"{list(getattr(it.op, 'shape', getattr(getattr(it.op, 'out', None), 'shape', ())))}"
+                             f"@{it.rowdim}" for it in job)
+            lines.append(f"seg {s} job {j} {kinds[s][j][:2] if kinds[s][j][0] != 'big' else ('big',)}: {what}")
+    return "\n".join(lines)
