@@ -77,7 +77,7 @@ class Derived:
         self.period = max(1, int(algo.graph_period()))
         self.skey = settings_key(algo)
         self._scratch: dict = {}
-        self.last_why = ""
+        self.profile_cycles: np.ndarray | None = None   # (lanes, instructions + 1): set to profile (see profile())
 
     def unit_for(self, batches, weights) -> tuple[Unit, int]:
         """(the program for this phase's units, U)."""
@@ -183,8 +183,7 @@ class Derived:
         key = ("regs", lanes, prog.nregs)
         got = self._scratch.get(key)
         if got is None:
-            got = self._scratch[key] = (np.zeros((lanes, prog.nregs, vm.T), np.float32),
-                                        np.zeros((lanes, prog.nregs, vm.T), np.float64), np.zeros(2, np.int64))
+            got = self._scratch[key] = (np.zeros((lanes, prog.nregs, vm.T), np.float64), np.zeros(2, np.int64))
         return got
 
     def rconst(self, prog) -> np.ndarray:
@@ -217,9 +216,12 @@ class Derived:
                     n = prog.slots[slot].numel
                     t = torch.from_numpy(arrays[slot][u * n:(u + 1) * n]).view(d.out.shape)
                     draw_into(d, t, gens[d.generator])
-        regs32, regs64, counters = self.registers(prog, lanes)
+        regs, counters = self.registers(prog, lanes)
+        prof = self.profile_cycles if self.profile_cycles is not None else np.zeros((lanes, 0), np.int64)
+        if prof.shape[0] != lanes or (prof.shape[1] and prof.shape[1] != prog.INS.shape[0] + 1):
+            prof = self.profile_cycles = np.zeros((lanes, prog.INS.shape[0] + 1), np.int64)
         vm.run_phase(prog.INS, prog.OPD, prog.CODE, prog.CST, prog.F, prog.TASKS, prog.SEGSTART, self.rconst(prog),
-                     addr, units, counters, regs32, regs64)
+                     addr, units, counters, regs, prof)
         del keep
         tr = unit.trace
         for path, delta in tr.replay.delta.items():

@@ -126,6 +126,27 @@ class MM:
 
 
 @dataclass
+class Adam:
+    """One torch fused Adam/AdamW step over a dense float32 parameter (the optimizer's one kernel, optim's formulas):
+    p, g, m, v (and vmax) of `numel` elements; `sc` the step's float64 scalars (step_size, sqrt of bias correction 2,
+    lr * weight_decay); the group's hyper-parameters from runtime constant `rc` on; the gradient scaled by `scale`
+    first where given (a clip's factor, written back to g)."""
+    p: TV
+    g: TV
+    m: TV
+    v: TV
+    vmax: TV | None
+    sc: TV
+    rc: int
+    adamw: bool = False
+    amsgrad: bool = False
+    maximize: bool = False
+    scale: object = None
+    seq: int = 0
+    what: str = "adam"
+
+
+@dataclass
 class Draw:
     out: TV
     fn: str                    # normal | uniform | bernoulli | exponential | randint
@@ -143,7 +164,7 @@ OPS = {
     "f32": 1, "isnan": 1, "atan": 1, "log2": 1, "exp2": 1,
     "add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "min": 2, "max": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
     "eq": 2, "ne": 2, "and": 2, "or": 2, "xor": 2, "fmod": 2, "rem": 2, "atan2": 2,
-    "where": 3,
+    "where": 3, "lerp": 3,
 }
 
 
@@ -615,9 +636,7 @@ def _clamp(x, lo, hi):
 
 def _lerp(a, b, w):
     """torch's lerp: a + w (b - a) for |w| < 0.5, b - (b - a)(1 - w) otherwise (exact at w = 1)."""
-    d = mk("sub", b, a)
-    return mk("where", mk("lt", mk("abs", w), C(0.5)), mk("add", a, mk("mul", w, d)),
-              mk("sub", b, mk("mul", d, mk("sub", C(1), w))))
+    return mk("lerp", a, b, w)
 
 
 def _bitwise_not(e, a):
@@ -1409,6 +1428,11 @@ def _fused_adam(cv, args, kwargs, meta, node):
                                mk("mul", lr, wd))):
             outs.append(Out(sc.buf, sc.off + j, (), torch.float64, e))
         cv.emit(Kern((), outs, what="adam scalars"))
+        scv = TV(sc.buf, sc.off, (3,), (1,), torch.float64)
+        if all(isinstance(t, TV) and _dense(t) and t.numel == p.numel and t.dtype == torch.float32
+               for t in (p, g, m, v) + ((vmax[i],) if amsgrad else ())):
+            cv.emit(Adam(p, g, m, v, vmax[i] if amsgrad else None, scv, slot, adamw, amsgrad, maximize))
+            continue
         shape = p.shape
         step_size = cv.load(TV(sc.buf, sc.off, (), (), torch.float64), shape)
         bc2s = cv.load(TV(sc.buf, sc.off + 1, (), (), torch.float64), shape)
@@ -1434,6 +1458,16 @@ def _fused_adam(cv, args, kwargs, meta, node):
         outs.append(Out(p.buf, p.off, bstrides(p, shape), p.dtype, pn))
         cv.emit(Kern(shape, outs, what="adam"))
     return None
+
+
+def _dense(t: TV) -> bool:
+    """The view covers one contiguous span of its buffer in row-major order."""
+    acc = 1
+    for n, st in reversed(list(zip(t.shape, t.strides))):
+        if n != 1 and st != acc:
+            return False
+        acc *= n
+    return True
 
 
 # ---- foreach: the op per tensor ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hetrl.kernels.compiled import vm
-from hetrl.kernels.compiled.graph import MM, TV, Buf, Const, Converter, Draw, Kern, Ld, Out, bstrides, mk
+from hetrl.kernels.compiled.graph import MM, TV, Adam, Buf, Const, Converter, Draw, Kern, Ld, Out, bstrides, mk
 from hetrl.kernels.compiled.trace import Declined
 
 BLOCK_ROWS = 32          # a row block has at least this many rows
@@ -146,6 +146,8 @@ class Lowering:
                 continue
             if isinstance(op, MM):
                 ops.extend(self._blas_ready(op))
+            elif isinstance(op, Kern):
+                ops.append(_squeezed(op))
             else:
                 ops.append(op)
         return ops
@@ -182,7 +184,122 @@ class Lowering:
         ops = self._fold_mm_accumulate(ops)
         ops = self._fold_zero(ops)
         ops = self._forward_copies(ops)
+        ops = self._fold_grad_scale(ops)
+        ops = self._inline_producers(ops)
         return ops
+
+    def _inline_producers(self, ops):
+        """A pass whose one output (a temporary) one later pass over the same space reads, element for element, is
+        computed inside that pass instead (its expression in place of the load): a relu's mask is not stored by the
+        forward to be loaded by the backward, an intermediate of a loss is not kept."""
+        while True:
+            readers, writers = self._readers(ops), self._writers(ops)
+            done = False
+            for i, op in enumerate(ops):
+                if not isinstance(op, Kern) or len(op.outs) != 1:
+                    continue
+                o = op.outs[0]
+                b = o.buf
+                if o.mode != "store" or o.index or self.bufs[b].kind != "temp" or b in self.keep:
+                    continue
+                if len(writers.get(b, [])) != 1:
+                    continue
+                rs = readers.get(b, [])
+                cons = {j for j, _ in rs}
+                if len(cons) != 1:
+                    continue
+                j = cons.pop()
+                c = ops[j]
+                if j <= i or not isinstance(c, Kern) or tuple(c.shape) != tuple(op.shape):
+                    continue
+                if any(not isinstance(ld, Ld) or ld.index or (ld.off, tuple(ld.strides)) != (o.off, tuple(o.strides))
+                       for _, ld in rs):
+                    continue
+                if any(any(ie[0] == "ld" and ie[1].buf == b for ie, _ in w.index) for w in c.outs):
+                    continue
+                # nothing between may write what the producer reads
+                ins = [ld for ld in loads_of(o.expr, [])]
+                if any(self._touches_write(ops[k], ld.buf, *extent(ld.off, op.shape, ld.strides))
+                       for k in range(i + 1, j) for ld in ins):
+                    continue
+                if any(self._writes_in(c, ld.buf, *extent(ld.off, op.shape, ld.strides)) for ld in ins):
+                    continue
+                expr = _cast_expr(o.expr, self.bufs[b].dtype, o.dtype)
+                memo: dict = {}
+
+                def sub(e):
+                    k_ = id(e)
+                    if k_ in memo:
+                        return memo[k_]
+                    if e[0] == "ld" and e[1].buf == b:
+                        r = expr
+                    elif e[0] in ("ld", "c", "rc", "iota"):
+                        r = e
+                    else:
+                        r = (e[0], *[sub(x) for x in e[1:]])
+                    memo[k_] = r
+                    return r
+                for w in c.outs:
+                    w.expr = sub(w.expr)
+                ops[i] = None
+                done = True
+                break
+            ops = [x for x in ops if x is not None]
+            if not done:
+                return ops
+
+    def _touches_write(self, op, buf, lo, hi) -> bool:
+        if op is None:
+            return False
+        if isinstance(op, MM):
+            tv = op.out
+            return tv.buf == buf and _overlap(extent(tv.off, tv.shape, tv.strides), (lo, hi))
+        if isinstance(op, Adam):
+            return any(tv.buf == buf and _overlap(extent(tv.off, tv.shape, tv.strides), (lo, hi))
+                       for tv in _adam_tvs(op, writes=True))
+        return self._writes_in(op, buf, lo, hi)
+
+    @staticmethod
+    def _writes_in(op: Kern, buf, lo, hi) -> bool:
+        for w in op.outs:
+            if w.buf == buf and (w.index or _overlap(extent(w.off, op.shape, w.strides), (lo, hi))):
+                return True
+        return False
+
+    def _fold_grad_scale(self, ops):
+        """g = g * c (c one value: a clip's factor) right before Adam's step over g -> Adam scales g itself."""
+        for i, op in enumerate(ops):
+            if not isinstance(op, Adam) or op.scale is not None:
+                continue
+            g = op.g
+            glo, ghi = extent(g.off, g.shape, g.strides)
+            for j in range(i - 1, -1, -1):
+                k = ops[j]
+                if k is None:
+                    continue
+                scale = self._scale_of(k, g, glo, ghi) if isinstance(k, Kern) and len(k.outs) == 1 else None
+                if scale is not None:
+                    op.scale = scale
+                    ops[j] = None
+                    break
+                if self._touches(k, g.buf, glo, ghi):
+                    break
+        return [op for op in ops if op is not None]
+
+    def _scale_of(self, k: Kern, g: TV, glo, ghi):
+        """The one value c where k is g = g * c over exactly g's elements, else None."""
+        o = k.outs[0]
+        e = o.expr
+        if o.buf != g.buf or extent(o.off, k.shape, o.strides) != (glo, ghi) or o.mode != "store" or o.index \
+                or e[0] != "mul" or (int(np.prod(k.shape)) if k.shape else 1) != g.numel:
+            return None
+        mine = [x for x in e[1:] if x[0] == "ld" and x[1].buf == g.buf]
+        other = [x for x in e[1:] if not (x[0] == "ld" and x[1].buf == g.buf)]
+        if len(mine) != 1 or len(other) != 1 or other[0][0] != "ld" or any(other[0][1].strides) \
+                or other[0][1].index or (mine[0][1].off, mine[0][1].strides) != (o.off, o.strides):
+            return None
+        c = other[0][1]
+        return TV(c.buf, c.off, (), (), c.dtype)
 
     def _readers(self, ops):
         """buf -> [(op index, Ld or MM operand)] of every read."""
@@ -190,6 +307,9 @@ class Lowering:
         for i, op in enumerate(ops):
             if isinstance(op, MM):
                 for tv in (op.a, op.b) + ((op.out,) if op.beta else ()):
+                    out.setdefault(tv.buf, []).append((i, tv))
+            elif isinstance(op, Adam):
+                for tv in _adam_tvs(op):
                     out.setdefault(tv.buf, []).append((i, tv))
             else:
                 for o in op.outs:
@@ -202,6 +322,9 @@ class Lowering:
         for i, op in enumerate(ops):
             if isinstance(op, MM):
                 out.setdefault(op.out.buf, []).append((i, op.out))
+            elif isinstance(op, Adam):
+                for tv in _adam_tvs(op, writes=True):
+                    out.setdefault(tv.buf, []).append((i, tv))
             else:
                 for o in op.outs:
                     out.setdefault(o.buf, []).append((i, o))
@@ -263,6 +386,8 @@ class Lowering:
             return b == buf and (lo is None or (rng[0] < hi and lo < rng[1]))
         if isinstance(op, MM):
             return any(hit(tv.buf, extent(tv.off, tv.shape, tv.strides)) for tv in (op.a, op.b, op.out))
+        if isinstance(op, Adam):
+            return any(hit(tv.buf, extent(tv.off, tv.shape, tv.strides)) for tv in _adam_tvs(op))
         for o in op.outs:
             if hit(o.buf, (0, 1 << 62) if o.index else extent(o.off, op.shape, o.strides)):
                 return True
@@ -382,6 +507,8 @@ class Lowering:
 
     def rows_of(self, op) -> tuple[int, int]:
         """(row dim, rows) of an op, or (-1, 0)."""
+        if isinstance(op, Adam):
+            return -1, 0
         if isinstance(op, MM):
             if op.out.ndim != 2:
                 return -1, 0
@@ -562,6 +689,14 @@ class Lowering:
 
     def accesses(self, op, d) -> list[Access]:
         out = []
+        if isinstance(op, Adam):
+            writes = {id(t) for t in _adam_tvs(op, writes=True)}
+            for tv in _adam_tvs(op):
+                out.append(Access(tv.buf, *extent(tv.off, tv.shape, tv.strides), False))
+            for tv in _adam_tvs(op, writes=True):
+                out.append(Access(tv.buf, *extent(tv.off, tv.shape, tv.strides), True))
+            del writes
+            return out
         if isinstance(op, MM):
             rowdims = {0: {"a": 0, "out": 0}, 1: {"b": 1, "out": 1}}.get(d, {})
             for name, tv, w in (("a", op.a, False), ("b", op.b, False), ("out", op.out, True)):
@@ -606,14 +741,16 @@ class Lowering:
 
     # ---- 4. dead stores ---------------------------------------------------------------------------------------------------
     def drop_dead(self, items: list) -> list:
+        """Drop stores of temporaries that no later pass or product reads (a pass's own loads read the memory as it
+        was before the pass; the graph's outputs are kept)."""
         while True:
-            read: dict[int, list] = {}
-            for it in items:
+            last_read: dict[int, list] = {}
+            for k, it in enumerate(items):
                 for a in it.accesses:
                     if not a.write:
-                        read.setdefault(a.buf, []).append((a.lo, a.hi))
+                        last_read.setdefault(a.buf, []).append((k, a.lo, a.hi))
             changed = False
-            for it in items:
+            for k, it in enumerate(items):
                 if not isinstance(it.op, Kern):
                     continue
                 keep = []
@@ -623,9 +760,12 @@ class Lowering:
                         keep.append(o)
                         continue
                     lo, hi = extent(o.off, it.op.shape, o.strides) if not o.index else (0, self.bufs[b].numel)
-                    if any(lo < h and l < hi for l, h in read.get(b, [])):
+                    if any(j > k and lo < h and l < hi for j, l, h in last_read.get(b, [])):
                         keep.append(o)
-                    elif o.pair is not None and any(x.pair is o for x in it.op.outs):
+                    elif any(x.pair is o for x in it.op.outs):
+                        keep.append(o)
+                    elif o.mode in REDUCE + ("add",) and any(j == k and lo < h and l < hi
+                                                             for j, l, h in last_read.get(b, [])):
                         keep.append(o)
                     else:
                         changed = True
@@ -646,6 +786,11 @@ class Lowering:
                 if isinstance(op, Kern):
                     out.extend(self._partials(it, nb))
                     continue
+                out.append(it)
+                continue
+            if isinstance(op, Adam):
+                if op.p.numel >= BIG:
+                    it.kind, it.rowdim, it.N = "big", 0, op.p.numel
                 out.append(it)
                 continue
             if isinstance(op, MM):
@@ -789,6 +934,48 @@ class Lowering:
                 if max(a.row[2], b.row[2]) - min(a.row[1], b.row[1]) > a.row[0]:
                     return False
         return True
+
+
+def _squeezed(op: Kern) -> Kern:
+    """The pass over its space without size-1 dims (which step nowhere): one shape for the same elements, so that
+    a view's added or dropped unit dims do not keep passes apart."""
+    keep = [d for d, n in enumerate(op.shape) if n != 1]
+    if len(keep) == len(op.shape):
+        return op
+    new = {d: k for k, d in enumerate(keep)}
+    memo: dict = {}
+
+    def st(strides):
+        return tuple(strides[d] for d in keep)
+
+    def sub(e):
+        k = id(e)
+        if k in memo:
+            return memo[k]
+        if e[0] == "ld":
+            ld = e[1]
+            r = ("ld", Ld(ld.buf, ld.off, st(ld.strides), ld.dtype, tuple((sub(ie), s) for ie, s in ld.index)))
+        elif e[0] == "iota":
+            r = ("iota", new[e[1]]) if e[1] in new else ("c", 0.0)
+        elif e[0] in ("c", "rc"):
+            r = e
+        else:
+            r = (e[0], *[sub(a) for a in e[1:]])
+        memo[k] = r
+        return r
+    outs = []
+    remap = {}
+    for o in op.outs:
+        n = Out(o.buf, o.off, st(o.strides), o.dtype, sub(o.expr), o.mode, tuple((sub(ie), s) for ie, s in o.index),
+                new.get(o.dim, -1) if o.dim >= 0 else -1, None)
+        if hasattr(o, "bstride"):
+            n.bstride = o.bstride
+        remap[id(o)] = n
+        outs.append(n)
+    for o, n in zip(op.outs, outs):
+        if o.pair is not None:
+            n.pair = remap[id(o.pair)]
+    return Kern(tuple(op.shape[d] for d in keep), outs, seq=op.seq, what=op.what)
 
 
 def spans_of(it: Item) -> int:
@@ -1226,6 +1413,26 @@ class Encoder:
         row[vm.I_OUT], row[vm.I_NOUT] = out_start, nout
         self.INS.append(row)
 
+    def adam(self, it: Item, nb: int):
+        op: Adam = it.op
+        row = [0] * vm.INS_W
+        row[vm.I_KIND] = vm.K_ADAM
+        z = [0, 0, 0, 0]
+        row[vm.I_P] = self.opd(op.p.buf, op.p.dtype, op.p.off, z)
+        row[vm.I_G] = self.opd(op.g.buf, op.g.dtype, op.g.off, z)
+        row[vm.I_M1] = self.opd(op.m.buf, op.m.dtype, op.m.off, z)
+        row[vm.I_M2] = self.opd(op.v.buf, op.v.dtype, op.v.off, z)
+        row[vm.I_VMAX] = self.opd(op.vmax.buf, op.vmax.dtype, op.vmax.off, z) if op.vmax is not None else -1
+        row[vm.I_SC] = self.opd(op.sc.buf, op.sc.dtype, op.sc.off, z)
+        row[vm.I_SCALE] = self.opd(op.scale.buf, op.scale.dtype, op.scale.off, z) if op.scale is not None else -1
+        row[vm.I_RC] = op.rc
+        row[vm.I_FLAGS] = ((vm.F_ADAMW if op.adamw else 0) | (vm.F_AMSGRAD if op.amsgrad else 0)
+                           | (vm.F_MAXIMIZE if op.maximize else 0) | (vm.F_SCALE_BACK if op.scale is not None else 0))
+        row[vm.I_NUMEL] = op.p.numel
+        row[vm.I_SPLIT] = 0 if nb > 1 else -1
+        row[vm.I_NB] = nb
+        self.INS.append(row)
+
     def gemm(self, it: Item, split_nb: int):
         op: MM = it.op
 
@@ -1262,13 +1469,16 @@ class Encoder:
                     nb = blocks(key[1])
                 elif key[0] == "big":
                     it = job[0]
-                    nb = -(-it.N // GEMM_CHUNK) if isinstance(it.op, MM) else spans_of(it)
+                    nb = (-(-it.N // GEMM_CHUNK) if isinstance(it.op, MM) else spans(it.N) if isinstance(it.op, Adam)
+                          else spans_of(it))
                 else:
                     nb = 1
                 i0 = len(self.INS)
                 for it in job:
                     if isinstance(it.op, MM):
                         self.gemm(it, nb if it.rowdim >= 0 else 1)
+                    elif isinstance(it.op, Adam):
+                        self.adam(it, nb)
                     else:
                         self.expr(it, nb)
                 for c in range(nb):
@@ -1284,6 +1494,15 @@ class Encoder:
         prog.stats = {"instructions": len(self.INS), "segments": len(self.segs), "tasks": len(tasks),
                       "arena_kb": self.arena_bytes // 1024, "registers": self.nregs}
         return prog
+
+
+def _adam_tvs(op: Adam, writes: bool = False) -> list:
+    """The views an Adam step reads (or writes)."""
+    if writes:
+        out = [op.p, op.m, op.v] + ([op.vmax] if op.vmax is not None else [])
+        return out + ([op.g] if op.scale is not None else [])
+    out = [op.p, op.g, op.m, op.v, op.sc] + ([op.vmax] if op.vmax is not None else [])
+    return out + ([op.scale] if op.scale is not None else [])
 
 
 def _written(op: Kern, ld: Ld) -> bool:

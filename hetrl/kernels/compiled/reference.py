@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled.graph import MM, Draw, Kern, Ld, Out
+from hetrl.kernels.compiled.graph import MM, Adam, Draw, Kern, Ld, Out
 
 try:
     from scipy.special import erf as _erf
@@ -79,6 +79,9 @@ def ev(e, env):
             v = BINARY[op](ev(e[1], env), ev(e[2], env))
     elif op == "where":
         v = np.where(ev(e[1], env) != 0, ev(e[2], env), ev(e[3], env))
+    elif op == "lerp":
+        a, b, w = ev(e[1], env), ev(e[2], env), ev(e[3], env)
+        v = np.where(np.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
     else:
         raise ValueError(f"no reference for {op}")
     v = np.broadcast_to(np.asarray(v, np.float64), shape)
@@ -143,6 +146,32 @@ def run_mm(op: MM, arrays):
     arrays[op.out.buf][idx.reshape(-1)] = prod.reshape(-1).astype(arrays[op.out.buf].dtype)
 
 
+def run_adam(op: Adam, arrays, rc) -> None:
+    def span(tv):
+        return arrays[tv.buf][tv.off:tv.off + tv.numel]
+    p, g, m, v = span(op.p), span(op.g), span(op.m), span(op.v)
+    step_size, bc2s, lrwd = arrays[op.sc.buf][op.sc.off:op.sc.off + 3]
+    lr, beta1, beta2, wd, eps = rc[op.rc:op.rc + 5]
+    gg = g.astype(np.float64)
+    if op.maximize:
+        gg = -gg
+    pp = p.astype(np.float64)
+    if wd:
+        if op.adamw:
+            pp = pp * (1 - lrwd)
+        else:
+            gg = gg + wd * pp
+    w1 = 1 - beta1
+    mm = np.where(w1 < 0.5, m + w1 * (gg - m), gg - (gg - m) * (1 - w1))
+    vv = beta2 * v + (1 - beta2) * gg * gg
+    if op.amsgrad:
+        vx = np.maximum(span(op.vmax), vv)
+        span(op.vmax)[:] = vx
+        vv = vx
+    m[:], v[:] = mm, beta2 * v + (1 - beta2) * gg * gg
+    p[:] = pp - step_size * mm / (np.sqrt(vv) / bc2s + eps)
+
+
 def draw(op: Draw, target: torch.Tensor, generator) -> None:
     """The draw made by torch into `target` (a contiguous tensor of the draw's shape), from `generator`."""
     fn, p = op.fn, op.args
@@ -167,6 +196,8 @@ def run_reference(cv, arrays, rc, generators) -> None:
             run_kern(op, arrays, rc)
         elif isinstance(op, MM):
             run_mm(op, arrays)
+        elif isinstance(op, Adam):
+            run_adam(op, arrays, rc)
         elif isinstance(op, Draw):
             t = torch.from_numpy(arrays[op.out.buf][:int(np.prod(op.out.shape))].reshape(op.out.shape))
             draw(op, t, generators.get(op.generator))

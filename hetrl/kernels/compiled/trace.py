@@ -331,8 +331,15 @@ def _algo_line(tb) -> str:
     return "learn"
 
 
+KEEP = ("lerp", "lerp_")   # ops the lowering takes whole (one register op) rather than decomposed
+
+
 def decompositions():
+    """torch.export's default decompositions (composite and backward ops into core aten ops), but for KEEP."""
     table = dict(torch.export.default_decompositions())
+    for op in list(table):
+        if getattr(getattr(op, "overloadpacket", None), "__name__", "") in KEEP:
+            del table[op]
     return table
 
 
