@@ -9,13 +9,14 @@
    real transitions (the preprocessed game, uniform random actions, `--envs` envs interleaved as an
    actor inserts them); the process's resident set size grows by what the replay really holds
    (NumPy commits pages as they are written), divided by the transitions = measured bytes per
-   transition, scaled to 1,000,000. Writes benchmarks/results/atari_memory.json.
+   transition, scaled to 1,000,000. Writes benchmarks/results/bench_atari_memory_<game>_<date>_<machine>_<commit>.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -87,8 +88,9 @@ def main() -> None:
             measured[name]["frames_used"] = rb.storage.frames_used
             measured[name]["frames_per_transition"] = rb.storage.frames_used / held
         del rb
-    out.update(measured=measured, collect_s=collect_s, envs=args.envs)
-    path = HERE / "results" / "atari_memory.json"
+    out.update(measured=measured, collect_s=collect_s, envs=args.envs, command="python " + " ".join(sys.argv))
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    path = result_path("bench_atari_memory", f"dqn:{args.game}")
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"{'storage':<8} {'layout B/transition':>20} {'1M replay (layout)':>20} {'measured B/transition':>22} "
           f"{'1M replay (measured)':>21}")

@@ -4,7 +4,7 @@ activations against channels-last (NHWC), the layout hetrl's NatureCNN uses on a
 
 Usage:
     python benchmarks/bench_cnn_layout.py [--threads 1,2] [--rounds 6] [--updates 15]
-           [--out benchmarks/results/cnn_layout.json]
+           [--out FILE]
 
 Two DQN learners with the same weights live in one process; each round times `--updates` calls of
 `learn` (online forward and backward, the target network's forward, fused Adam, a gradient-norm
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -48,14 +49,14 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--updates", type=int, default=15)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cnn_layout.json"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/ under the naming scheme")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     algos = {name: learner(fmt) for name, fmt in LAYOUTS.items()}
     b = algos["nchw"].cfg.batch_size
     batches = [batch(1, b, gen) for _ in range(4)]
     weights = torch.ones(1, b)
-    out = {"batch_size": b, "torch": torch.__version__, "ms_per_update": {}}
+    out = {"batch_size": b, "torch": torch.__version__, "ms_per_update": {}, "command": "python " + " ".join(sys.argv)}
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         times = {name: [] for name in algos}
@@ -71,6 +72,8 @@ def main() -> None:
         out["ms_per_update"][str(threads)] = {"median": med, "rounds": times}
         print(f"{threads} thread{'s' if threads > 1 else ''}: NCHW {med['nchw']:.1f} ms, NHWC {med['nhwc']:.1f} ms "
               f"per update ({med['nchw'] / med['nhwc']:.2f}x)")
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    args.out = args.out or str(result_path("bench_cnn_layout", "dqn:ALE/Breakout-v5"))
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
 

@@ -175,7 +175,7 @@ def main() -> None:
     ap.add_argument("--layer-norm", action="store_true")
     ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
     ap.add_argument("--kernels", default="public,compiled,jax")
-    ap.add_argument("--out", default="benchmarks/results/learner_kernels.json")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/ under the naming scheme")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -213,6 +213,9 @@ def main() -> None:
     for k, s in med.items():
         rel = "".join(f", {med[o] / s:.2f}x {o}" for o in med if o != k and o in ("public", "jax"))
         print(f"  {k:12s} {s * 1e3:.3f} ms/update{rel}")
+    if a.out is None:
+        from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+        a.out = str(result_path("bench_learner_kernels", f"dqn:{a.env}"))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"env": a.env, "batch_size": cfg.batch_size, "net_arch": cfg.net_arch,
                                        "activation": cfg.activation, "layer_norm": cfg.layer_norm,

@@ -5,7 +5,7 @@
 
 For every DQN / DDPG preset of the classic-control set (CartPole-v1, Acrobot-v1, MountainCar-v0,
 LunarLander-v3 if Box2D is installed; Pendulum-v1), every seed, three runs with the same preset
-(hetrl/presets.yaml, rl-baselines3-zoo's hyperparameters):
+(hetrl/algos/*.yaml, rl-baselines3-zoo's hyperparameters):
 
 * auto  `hetrl train ALGO --env ENV --seed S`: hetrl's default plan (the planner chooses the
         schedule, devices, threads and how the preset's envs are split over actors)
@@ -20,9 +20,9 @@ training wall time (evaluations left out; hetrl: its result.json wall_s, profili
 process time is kept too), whether the best reached the rl-zoo score (benchmark.md of
 rl-baselines3-zoo) and the env steps / seconds to the first selection evaluation that did.
 Every run is a fresh subprocess, one after the other (run it on a quiet machine).
-Writes benchmarks/results/bench_learning.json (--out) and prints a table. hetrl's runs leave
-their run directories under a temporary folder (--keep DIR to keep them). Needs
-stable-baselines3 for the sb3 runs (the `bench` extra).
+Writes benchmarks/results/bench_learning_<algos>_<date>_<machine>_<commit>.json (--out) and prints a
+table. hetrl's runs leave their run directories under a temporary folder (--keep DIR to keep them).
+Needs stable-baselines3 for the sb3 runs (the `bench` extra).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 ROOT = HERE.parent
 
 # rl-baselines3-zoo benchmark.md (mean return of the zoo's trained agent); LunarLander: the zoo's v2 score
@@ -223,7 +222,7 @@ def main() -> None:
     ap.add_argument("--sb3-threads", type=int, default=0,
                     help="torch threads for SB3 (default 0: torch's default, what an SB3 user gets; hetrl's plan "
                          "chooses its own, see the plan column)")
-    ap.add_argument("--out", default=str(RESULTS / "bench_learning.json"))
+    ap.add_argument("--out", default=None)
     ap.add_argument("--keep", metavar="DIR", help="keep hetrl's run directories in DIR")
     ap.add_argument("--table", metavar="JSON", help="print the table of an earlier run's JSON and exit")
     args = ap.parse_args()
@@ -252,11 +251,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_learning", algos))
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:   # after every run: an interrupted benchmark keeps what it measured
-        out.write_text(json.dumps({"started": started, "argv": sys.argv[1:], "python": sys.version.split()[0],
+        out.write_text(json.dumps({"started": started, "argv": sys.argv[1:], "command": "python " + " ".join(sys.argv),
+                                   "python": sys.version.split()[0],
                                    "cores": os.cpu_count(), "zoo_score": {f"{a} {e}": v for (a, e), v in ZOO_SCORE.items()},
                                    "runs": rows}, indent=1))
 

@@ -16,7 +16,7 @@ other and the order flips every round, so all see the same machine load.  Sectio
 * ddpg        DDPG Pendulum-v1: `--ddpg-steps` env steps (warm-up `--ddpg-learning-starts`),
               local vs inline vs SB3 env steps/s.
 * sweep       local env steps/s against the number of actors (1..4), at the preset's ratio and
-              without the rate limiter; plot in benchmarks/results/bench_local_sweep.png.
+              without the rate limiter; plot beside the JSON (.png).
 * ablation    local with each scheduling optimisation switched off in turn, and with a
               2-thread learner.
 * pays        where overlapping pays: DQN CartPole-v1 (preset) on an env whose step burns
@@ -24,8 +24,8 @@ other and the order flips every round, so all see the same machine load.  Sectio
               costlier simulator), and plain CartPole at a 16x lower replay ratio
               (gradient_steps=8 per 256 env steps): inline vs local.
 
-Writes benchmarks/results/bench_local.json.  The machine is shared and noisy: compare ratios
-within a round, not absolute figures across runs.  Needs stable-baselines3 (make bench).
+Writes benchmarks/results/bench_local_<case>_<date>_<machine>_<commit>.json.  The machine is shared and
+noisy: compare ratios within a round, not absolute figures across runs.  Needs stable-baselines3 (make bench).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 HEAVY_STEP_S = 0.0002
 
 
@@ -210,14 +209,15 @@ def main() -> None:
                     help="shorter warm-up than the preset's 10k so the timed part is mostly learning")
     ap.add_argument("--sweep-steps", type=int, default=20_000)
     ap.add_argument("--pays-steps", type=int, default=20_000)
-    ap.add_argument("--out", default=str(RESULTS / "bench_local.json"))
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     only = set(args.only.split(","))
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_local", "dqn-cartpole+ddpg-pendulum"))
     report = json.loads(out.read_text()) if out.exists() else {}
     report.update({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
                    "python": sys.version.split()[0], "loadavg_start": os.getloadavg(),
-                   "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])})
+                   "command": "python " + " ".join(sys.argv)})
     variants = ["inline", "local", "sb3"]
 
     if "throughput" in only:
@@ -275,7 +275,7 @@ def main() -> None:
                       f"{r['gradient_steps']} gradient steps, actor busy {r['local']['actor_busy_fraction']:.2f}, "
                       f"learner busy {r['local']['learner_busy_fraction']:.2f}", flush=True)
         report["sweep"] = sweep
-        plot_sweep(report)
+        plot_sweep(report, out.with_suffix(".png"))
 
     if "ablation" in only:
         print(f"local ablation: each optimisation off in turn, DQN CartPole-v1 {args.dqn_steps} env steps")
@@ -306,7 +306,7 @@ def main() -> None:
     print(f"wrote {out}")
 
 
-def plot_sweep(report: dict) -> None:
+def plot_sweep(report: dict, png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -328,7 +328,6 @@ def plot_sweep(report: dict) -> None:
     ax.set_title(f"DQN CartPole-v1, {sweep['steps']} env steps, {os.cpu_count()} cores")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    png = RESULTS / "bench_local_sweep.png"
     fig.savefig(png, dpi=120)
     print(f"wrote {png}")
 

@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs per plan (order flipped every repeat); median")
     ap.add_argument("--refresh", action="store_true", help="re-profile instead of using the cached tables")
     ap.add_argument("--verbose", action="store_true")
-    ap.add_argument("--out", default=str(RESULTS / "bench_planner"))
+    ap.add_argument("--out", default=None, help="FILE stem for .json and .png (default: benchmarks/results/"
+                                                 "bench_planner_<workloads>_<date>_<machine>_<commit>)")
     ap.add_argument("--repredict", metavar="FILE.json",
                     help="no runs: price the runs stored in FILE.json again with the current model, re-plot")
     args = ap.parse_args(argv)
@@ -360,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_planner", names).with_suffix(""))
     if args.repredict:
         doc = repredict(json.loads(Path(args.repredict).read_text()))
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1))

@@ -6,7 +6,7 @@ it does not bind), 3 seeds each.
 
 Reports per variant: best and final evaluation returns, policy_lag_mean / policy_lag_max (gradient
 steps, from result.json) and env steps/s. Runs one after the other in fresh processes; writes
-benchmarks/results/bench_policy_lag.json.
+benchmarks/results/bench_policy_lag_<case>_<date>_<machine>_<commit>.json.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50000)
     ap.add_argument("--algo", default="dqn")
     ap.add_argument("--env", default="CartPole-v1")
-    ap.add_argument("--out", default=str(HERE / "results" / "bench_policy_lag.json"))
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    args.out = args.out or str(result_path("bench_policy_lag", f"{args.algo}:{args.env}"))
     rows, work = [], Path(tempfile.mkdtemp(prefix="hetrl-lag-"))
     for seed in [int(s) for s in args.seeds.split(",")]:
         for name, sets in VARIANTS.items():
@@ -49,7 +51,8 @@ def main() -> None:
                              "lag_max": r["policy_lag_max"], "lag_bound": r["policy_lag_bound"],
                              "env_steps_per_s": r["env_steps_per_s"], "command": "hetrl " + " ".join(cmd[3:])})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            Path(args.out).write_text(json.dumps({"argv": sys.argv[1:], "runs": rows}, indent=1))
+            Path(args.out).write_text(json.dumps({"argv": sys.argv[1:], "command": "python " + " ".join(sys.argv),
+                                                  "runs": rows}, indent=1))
     print(f"{'variant':<12} {'best (mean)':>11} {'final (mean)':>12} {'lag mean':>9} {'lag max':>8} {'steps/s':>8}")
     for name in VARIANTS:
         ok = [r for r in rows if r["variant"] == name and "error" not in r]

@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,sac:Pendulum-v1:20000")
     ap.add_argument("--variants", default="population,groups,one,pairs,sb3")
-    ap.add_argument("--out", default=str(HERE / "results" / f"bench_population_{time.strftime('%Y-%m-%d')}.json"))
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import yaml
 
@@ -141,7 +141,8 @@ def main() -> None:
               + (f" (bound {memory['bound_mb']:.0f} MB)" if memory else ""))
         report["cases"].append({"algo": algo, "env": env, "steps": steps, "extra": extra, "runs": rows,
                                 "median_wall_s": wall, "ratios": ratios, "memory": memory})
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_population", args.cases))
     out.parent.mkdir(exist_ok=True)
     report["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     out.write_text(json.dumps(report, indent=2))

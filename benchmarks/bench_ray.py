@@ -18,8 +18,8 @@
             one before are written; 15: 8 batches per sample call and one call in flight), alternating
             rounds, each in a fresh process: what exact PER costs the ray schedule.
 
-Writes benchmarks/results/bench_ray.json.  The machine is shared and noisy: compare ratios
-measured in one run.
+Writes benchmarks/results/bench_ray_<sections>_<date>_<machine>_<commit>.json.  The machine is shared and
+noisy: compare ratios measured in one run.
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def main() -> None:
     ap.add_argument("--lags", default="0,15", help="per: the priority_lag values compared")
     args = ap.parse_args()
     only = set(args.only.split(","))
-    report = {"machine": {"cpus": os.cpu_count()}, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report = {"machine": {"cpus": os.cpu_count()}, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": "python " + " ".join(sys.argv)}
     if "replay" in only:
         print(f"replay insert / prioritised sample, {args.calls} calls per point")
         report["replay"] = bench_replay(args.calls)
@@ -200,7 +201,8 @@ def main() -> None:
         print(f"DQN CartPole-v1, prioritised replay, {args.steps} env steps, ray schedule, priority_lag {args.lags}")
         report["per"] = bench_per(args.steps, args.rounds, [int(x) for x in args.lags.split(",")])
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "bench_ray.json"
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    path = result_path("bench_ray", [s for s in ("replay", "schedule", "per") if s in only])
     old = json.loads(path.read_text()) if path.exists() else {}
     path.write_text(json.dumps({**old, **report}, indent=1))
     print(f"wrote {path}")

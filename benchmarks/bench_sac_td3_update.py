@@ -45,8 +45,8 @@ ap.add_argument("--layer-norm", action="store_true")
 ap.add_argument("--kernels", default="public,compiled")
 ap.add_argument("--gemm", default=None, choices=["mkl", "openblas"])
 ap.add_argument("--group", type=int, default=0, help="updates per learner call (default: as a run groups them)")
-ap.add_argument("--out", default="", help="a JSON file for the figures, e.g. "
-                                          "benchmarks/results/bench_sac_td3_DATE_MACHINE_COMMIT.json")
+ap.add_argument("--out", default=None, help="the JSON file for the figures (default: benchmarks/results/"
+                                            "bench_sac_td3_update_<algos>_<date>_<machine>_<commit>.json)")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 torch.set_flush_denormal(True)
@@ -192,6 +192,9 @@ for algo_name in args.algos:
     for k in kernels.values():
         if hasattr(k, "close"):
             k.close()
+if args.out is None:
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    args.out = str(result_path("bench_sac_td3_update", args.algos))
 if args.out:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

@@ -3,6 +3,8 @@
     python benchmarks/bench_sb3.py [--rounds 3] [--first-round 0] [--libs hetrl,sb3,sbx] [--plan auto|none]
         [--cases dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000]
     python benchmarks/bench_sb3.py --libs hetrl,sbx --rounds 3 --cases crossq:Pendulum-v1:20000
+    python benchmarks/bench_sb3.py --libs hetrl,sb3,sbx --cases ppo:CartPole-v1:100000,ppo:Pendulum-v1:100000
+    python benchmarks/bench_sb3.py --libs hetrl,sb3 --cases a2c:CartPole-v1:100000      (SBX has no A2C)
 
 Every library trains with the rl-zoo preset (hetrl/presets.yaml; benchmarks/sb3_preset.py builds the
 SB3/SBX model from it); each round runs the libraries in fresh subprocesses, in an order that
@@ -43,7 +45,7 @@ if lib == "hetrl":
     run = hetrl.train(algo, env, steps=steps, plan=plan, progress=False, evaluate_episodes=0, **extra)
     r = run.result
     out = {"wall_s": r["wall_s"], "env_steps": r["env_steps"], "gradient_steps": r["gradient_steps"],
-           "schedule": run.cfg.schedule, "threads": run.cfg.threads, "learner_kernel": r.get("learner_kernel"),
+           "schedule": run.cfg.system.schedule, "threads": run.cfg.system.threads, "learner_kernel": r.get("learner_kernel"),
            "gemm": r.get("gemm"), "predicted_env_steps_per_s": r.get("predicted_env_steps_per_s"),
            "env_steps_per_s_learning": r.get("env_steps_per_s_learning")}
 else:
@@ -55,7 +57,7 @@ else:
         t = None
 
         def _on_step(self):
-            if self.t is None and self.num_timesteps >= cfg.learning_starts:
+            if self.t is None and self.num_timesteps >= getattr(cfg, "learning_starts", 0):
                 self.t = (time.perf_counter(), self.num_timesteps)
             return True
 
@@ -101,7 +103,7 @@ def main() -> None:
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,ddpg:Pendulum-v1:12000:learning_starts=2000")
     ap.add_argument("--first-round", type=int, default=0,
                     help="number of the first round (its library order): continue an earlier run's rotation")
-    ap.add_argument("--out", default=str(HERE / "results" / "bench_sb3.json"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/ under the naming scheme")
     args = ap.parse_args()
     libs = args.libs.split(",")
     blas_env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
@@ -128,7 +130,8 @@ def main() -> None:
               + "".join(f"; {k} {v:.2f}x" for k, v in ratios.items()))
         report["cases"].append({"algo": algo, "env": env, "steps": steps, "extra": extra, "runs": rows,
                                 "median_env_steps_per_s": med, "ratios": ratios})
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_sb3", args.cases))
     out.parent.mkdir(exist_ok=True)
     report["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     out.write_text(json.dumps(report, indent=2))

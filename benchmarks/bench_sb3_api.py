@@ -7,8 +7,9 @@ Each case runs the rl-zoo entry's arguments (the zoo's values, SB3's defaults fo
 (`SAC("MlpPolicy", env, **args).learn(steps)`) and the same settings through `hetrl.train` (the class's
 `model.hetrl_settings`), both with plan="none" and the same seed, in fresh subprocesses, alternating which
 goes first from round to round. Prints the env steps/s of each (over learn() / train(), the Run built
-inside included) and their ratio; writes benchmarks/results/bench_sb3_api.json. The machines here are shared:
-compare the ratio, and rerun on a quiet machine.
+inside included) and their ratio; writes
+benchmarks/results/bench_sb3_api_<cases>_<date>_<machine>_<commit>.json. The machines here are shared: compare
+the ratio, and rerun on a quiet machine.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def main() -> None:
     ap.add_argument("--cases", default="dqn:CartPole-v1:50000,sac:Pendulum-v1:20000")
     a = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    out = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "commit": commit, "cases": []}
+    out = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "commit": commit, "cases": [],
+           "command": "python " + " ".join(sys.argv)}
     for case in a.cases.split(","):
         algo, env, steps = case.split(":")
         args = ARGS.get((algo, env), {})
@@ -77,8 +79,12 @@ def main() -> None:
         trn = sum(x["seconds"] for x in runs if x["how"] == "train")
         print(f"{algo} {env}: class / train time = {cls / trn:.3f}")
         out["cases"].append({"case": case, "runs": runs, "class_over_train_time": cls / trn})
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "bench_sb3_api.json").write_text(json.dumps(out, indent=2) + "\n")
+    out["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    path = result_path("bench_sb3_api", a.cases)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def _cpu() -> str:

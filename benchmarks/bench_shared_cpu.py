@@ -6,7 +6,7 @@ Trains DQN on CartPole-v1 (--plan none, `threads` learner threads: 0 = all cores
 governor in hetrl/runtime/threads.py protects) and, `solo_s` seconds after learning starts, starts
 another process that multiplies matrices on every core until the run ends. Env steps/s before and
 after come from the run's progress.csv; prints both, their ratio (target >= 0.4), and the learner
-thread figures from result.json; writes benchmarks/results/bench_shared_cpu.json.
+thread figures from result.json; writes benchmarks/results/bench_shared_cpu_<case>_<date>_<machine>_<commit>.json.
 """
 
 from __future__ import annotations
@@ -63,9 +63,11 @@ def main() -> None:
     solo, shared = rate(rows, 2.0, hog_start), rate(rows, hog_start + 2.0, rows[-1][1])
     doc = {"solo_env_steps_per_s": solo, "shared_env_steps_per_s": shared, "ratio": shared / solo if solo else 0.0,
            "competitor_started_at_s": hog_start, "threads_setting": args.threads,
+           "command": "python " + " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
            **{k: result.get(k) for k in ("learner_threads_planned", "learner_threads_min", "learner_thread_changes")}}
     print(json.dumps(doc, indent=1))
-    (HERE / "results" / "bench_shared_cpu.json").write_text(json.dumps(doc, indent=1) + "\n")
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    result_path("bench_shared_cpu", "dqn:CartPole-v1").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ Each variant is NAME=CHECKOUT[:key=value,...]: the hetrl source tree to import (
 settings added to the presets. Every round runs each workload under each variant in fresh
 subprocesses, the order flipped every other round, so all see the same machine load. Prints
 env steps/s per variant and the ratios to the first variant (medians), and writes
-benchmarks/results/bench_versions.json (or --out). Workloads: DQN CartPole-v1 (20k steps) and DDPG
-Pendulum-v1 (4k steps after a 1k warm-up), on one learner thread under the default plan; or
-`--cases ALGO:ENV:STEPS[:key=value...],...` (as bench_sb3.py takes them; a list in brackets,
+benchmarks/results/bench_versions_<workloads>_<date>_<machine>_<commit>.json (or --out). Workloads: DQN
+CartPole-v1 (20k steps) and DDPG Pendulum-v1 (4k steps after a 1k warm-up), on one learner thread under the
+default plan; or `--cases ALGO:ENV:STEPS[:key=value...],...` (as bench_sb3.py takes them; a list in brackets,
 net_arch=[64,64]) with `--threads auto`
 to leave the thread count to the plan as well, e.g. the rl-zoo presets before and after a change:
 
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     ap.add_argument("--cases", default="", help="ALGO:ENV:STEPS[:key=value...],... instead of the workloads")
     ap.add_argument("--threads", default="1", help="the learner's threads, or auto (the plan's)")
-    ap.add_argument("--out", default=str(HERE / "results" / "bench_versions.json"))
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     workloads = dict(WORKLOADS)
@@ -104,7 +104,8 @@ def main() -> None:
         med = {n: statistics.median(x["env_steps_per_s"] for x in rs) for n, rs in by.items()}
         summary[w] = {"median_env_steps_per_s": med, "ratio_to_" + first: {n: m / med[first] for n, m in med.items()}}
         print(f"{w}: " + ", ".join(f"{n} {m:,.0f} ({m / med[first]:.2f}x)" for n, m in med.items()))
-    out = Path(args.out)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    out = Path(args.out or result_path("bench_versions", [f"{a}:{e}" for a, e, _ in (workloads[w] for w in runs)]))
     out.write_text(json.dumps({"variants": args.variant, "threads": args.threads, "runs": runs, "summary": summary,
                                "command": "python " + " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S")},
                               indent=2) + "\n")

@@ -42,7 +42,9 @@ wall budgets triple there. --max-s bounds the whole invocation (each stage gets 
 Writes, in DIR (--out, else $OUT, else benchmarks/results/gpu_check): gpu_check.json (everything),
 gpu_check.txt (the summary), gpu_check_learner.png, gpu_check_sweep.png and gpu_check_logs.txt (the
 stages' output); run directories, logs and the profile cache go to a scratch folder (--work). An
-existing gpu_check.json in DIR is merged: stages not run now are kept.
+existing gpu_check.json in DIR is merged: stages not run now are kept. Without --out and $OUT the files
+are then renamed by the results' naming scheme (gpu_check_<date>_<machine>_<commit>.json, .txt, .png;
+benchmarks/result_files.py) and the logs moved to the scratch folder.
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ def atari_spaces(env: str, cfg):
     import numpy as np
 
     gym.register_envs(ale_py)
-    n = cfg.atari_screen_size
+    n = cfg.atari.screen_size
     return gym.spaces.Box(0, 255, (cfg.frame_stack, n, n), np.uint8), gym.make(env).action_space
 
 
@@ -1330,6 +1332,21 @@ def write_outputs(doc: dict, out: Path) -> None:
     (out / "gpu_check.txt").write_text(summary(doc))
 
 
+def keep_as_result(doc: dict, out: Path, work: Path) -> None:
+    """Without --out or $OUT: the files in benchmarks/results/gpu_check/ under the results' naming scheme
+    (gpu_check_<date>_<machine>_<commit>.json, .txt, .png, -sweep.png), the logs in the scratch folder."""
+    sys.path.insert(0, str(BENCH))
+    from result_files import gpu_key, machine_key, result_path
+
+    device = ((doc.get("stages", {}).get("env") or {}).get("info") or {}).get("device_name")
+    stem = result_path("gpu_check", machine=gpu_key(device) if device else machine_key(), folder=out).with_suffix("")
+    for name, to in (("gpu_check.json", ".json"), ("gpu_check.txt", ".txt"), ("gpu_check_learner.png", ".png"),
+                     ("gpu_check_sweep.png", "-sweep.png"), ("gpu_check_logs.txt", None)):
+        if (out / name).exists():
+            (out / name).replace(work / name if to is None else Path(f"{stem}{to}"))
+    print(f"gpu_check: kept as {stem}.json, .txt (+ plots); logs in {work}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1366,6 +1383,8 @@ def main() -> int:
                 doc["numba_warm_up"] = d["numba_warm_up"]
         write_outputs(doc, out)
         print(summary(doc), end="")
+        if not (args.out or os.environ.get("OUT")):
+            keep_as_result(doc, out, Path(tempfile.mkdtemp(prefix="hetrl_gpu_check_")))
         return 0
 
     stages = parse_stages(args.stages)
@@ -1407,6 +1426,8 @@ def main() -> int:
             (out / "gpu_check_logs.txt").write_text("\n".join(logs))
     print(summary(doc), end="")
     print(f"gpu_check: wrote {out}/gpu_check.json, gpu_check.txt (+ plots, logs)")
+    if not (args.out or os.environ.get("OUT")):
+        keep_as_result(doc, out, work)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""A Stable-Baselines3 model built from a hetrl preset (hetrl/presets.yaml): the same hyperparameters.
+"""A Stable-Baselines3 model built from a hetrl preset (hetrl/algos/*.yaml): the same hyperparameters.
 
     from sb3_preset import sb3_model      # benchmarks/ on sys.path (the benchmarks' child processes)
     model = sb3_model(make_config("dqn", "CartPole-v1"), "CartPole-v1")
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
-    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac, crossq) with cfg's hyperparameters on `env`;
+    """The SB3 model of `cfg.algo` (dqn, ddpg, td3, sac, crossq, ppo, a2c) with cfg's hyperparameters on `env`;
     `sb3_kwargs` go to the model's constructor as they are (e.g. device="cpu": SB3's default is "auto").
     lib="sbx": the same model from SBX (`pip install sbx-rl`, SB3 on JAX), whose DQN has no gradient clip."""
     import importlib
@@ -20,6 +20,8 @@ def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
     from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
     sb3 = importlib.import_module({"sb3": "stable_baselines3", "sbx": "sbx"}[lib])
+    if cfg.algo in ("ppo", "a2c"):
+        return _on_policy(sb3, cfg, env, verbose, lib, **sb3_kwargs)
 
     common = dict(learning_rate=cfg.lr, buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts,
                   batch_size=cfg.batch_size, gamma=cfg.gamma, train_freq=cfg.train_freq,
@@ -71,3 +73,45 @@ def sb3_model(cfg, env: str, verbose: int = 0, lib: str = "sb3", **sb3_kwargs):
                        target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip,
                        **common)
     return sb3.DDPG("MlpPolicy", env, tau=cfg.tau, action_noise=noise, **common)
+
+
+class Linear:
+    """rl-zoo's lin_X schedule: X x progress remaining (picklable)."""
+
+    def __init__(self, value: float):
+        self.value = float(value)
+
+    def __call__(self, progress_remaining: float) -> float:
+        return self.value * progress_remaining
+
+
+def _on_policy(sb3, cfg, env: str, verbose: int, lib: str, **sb3_kwargs):
+    """SB3's (or SBX's) PPO / A2C with the preset's settings: cfg.num_envs envs of SB3's make_vec_env (a
+    VecNormalize around them where the preset normalises), the rollout, the schedules and the policy's layers."""
+    import torch.nn as nn
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    venv = make_vec_env(env, n_envs=cfg.num_envs, seed=cfg.seed)
+    if cfg.normalize_obs or cfg.normalize_reward:
+        venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, gamma=cfg.gamma,
+                            clip_obs=cfg.clip_obs, clip_reward=cfg.clip_reward)
+    lr = Linear(cfg.lr) if cfg.lr_schedule == "linear" else cfg.lr
+    activation = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}[cfg.activation]
+    policy_kwargs = dict(net_arch=dict(pi=cfg.net_arch, vf=cfg.vf_arch or cfg.net_arch), activation_fn=activation,
+                         ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
+    if lib == "sbx":   # SBX's policies are flax modules: the layers, and a jax activation where not its default tanh
+        policy_kwargs = dict(net_arch=policy_kwargs["net_arch"])
+        if cfg.activation != "tanh":
+            import flax.linen as fnn
+
+            policy_kwargs["activation_fn"] = {"relu": fnn.relu, "elu": fnn.elu}[cfg.activation]
+    common = dict(learning_rate=lr, n_steps=cfg.n_steps, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+                  ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm,
+                  normalize_advantage=cfg.normalize_advantage, policy_kwargs=policy_kwargs, seed=cfg.seed,
+                  verbose=verbose, **sb3_kwargs)
+    if cfg.algo == "a2c":
+        return sb3.A2C("MlpPolicy", venv, use_rms_prop=cfg.use_rms_prop, rms_prop_eps=cfg.rms_prop_eps, **common)
+    clip = Linear(cfg.clip_range) if cfg.clip_range_schedule == "linear" else cfg.clip_range
+    return sb3.PPO("MlpPolicy", venv, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, clip_range=clip,
+                   clip_range_vf=cfg.clip_range_vf or None, target_kl=cfg.target_kl or None, **common)

@@ -6,8 +6,9 @@ Runs `hetrl train dqn --env CartPole-v1 --steps N --schedule local --plan none` 
 /proc, the resident set size of the main process and of each of its descendants (actor processes,
 the forkserver). After the warm-up (the first 20% of the samples; the replay fills up during it)
 the total RSS must stay flat within 5% to the end (over the samples taken while every process
-of the run is alive: the shutdown is not a drift). Writes benchmarks/results/soak.json and
-soak.png (RSS of each process and the total against time).
+of the run is alive: the shutdown is not a drift). Writes
+benchmarks/results/soak_<case>_<date>_<machine>_<commit>.json and the .png beside it (RSS of each process
+and the total against time).
 """
 
 from __future__ import annotations
@@ -98,10 +99,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--every", type=float, default=10.0)
-    ap.add_argument("--out", default=str(HERE / "results" / "soak.json"))
+    ap.add_argument("--out", default=None)
     ap.add_argument("extra", nargs="*", help="more `hetrl train` arguments (after --)")
     ap.add_argument("--summarise", metavar="JSON", help="recompute the summary and plot of an earlier soak's JSON")
     args = ap.parse_args()
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    args.out = args.out or str(result_path("soak", "dqn:CartPole-v1"))
     if args.summarise:
         result = json.loads(Path(args.summarise).read_text())
         result.update(summarise(result["samples"]))

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/tabular_scaling.py                 # Taxi-v3, 1M and 10M, 1..ncpu workers
     .venv/bin/python benchmarks/tabular_scaling.py --quick         # smoke run (100k transitions)
 
-Writes benchmarks/results/tabular_scaling.json and tabular_scaling.png (same folder).
+Writes benchmarks/results/tabular_scaling_<env>_<date>_<machine>_<commit>.json and the .png beside it.
 
 Per configuration (size N, dtype, backend, W workers) it trains offline for --rounds passes
 over one generated dataset and reports updates/s = N * rounds / wall time of the rounds
@@ -21,9 +21,9 @@ Baselines (single thread): the same sequential algorithm as a Python loop over N
 
 Two more studies write their own JSON next to it (docs/tabular.md quotes them):
     --study learning   greedy return/success from 1M random transitions, every env/algo/dtype
-                       and seeds 0-2 (tabular_learning.json)
+                       and seeds 0-2 (tabular_scaling_learning_...json)
     --study merge      mean vs weighted vs sum merges against Q* from value iteration, for
-                       1..64 workers and 1 or 10 rounds (tabular_merge.json)
+                       1..64 workers and 1 or 10 rounds (tabular_scaling_merge_...json)
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--loop-transitions", type=count, default=200_000, help="NumPy-loop baseline size")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--name", default="tabular_scaling")
+    ap.add_argument("--name", default=None, help="file stem in --out (default: the results' naming scheme)")
     ap.add_argument("--quick", action="store_true", help="100k transitions, 2 repeats (smoke test)")
     ap.add_argument("--study", choices=("scaling", "learning", "merge"), default="scaling")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
@@ -304,6 +304,8 @@ def main(argv=None) -> int:
         "checks": checks, "results": results, "baselines": baselines,
     }
     os.makedirs(args.out, exist_ok=True)
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    args.name = args.name or result_path("tabular_scaling", args.env, folder=args.out).stem
     jpath = os.path.join(args.out, args.name + ".json")
     with open(jpath, "w") as fh:
         json.dump(report, fh, indent=2)
@@ -319,6 +321,12 @@ def main(argv=None) -> int:
               f"overlap {c['overlap_fraction_2'] or 0:.2f}")
     print(f"wrote {jpath} and {ppath}")
     return 0
+
+
+def _name(args, study: str) -> str:
+    """--name, else the results' naming scheme: tabular_scaling_<study>_<date>_<machine>_<commit>.json."""
+    from result_files import result_path   # benchmarks/results/<benchmark>_<case>_<date>_<machine>_<commit>.json
+    return args.name + ".json" if args.name else result_path("tabular_scaling", study, folder=args.out).name
 
 
 def _write(args, name: str, report: dict) -> str:
@@ -351,7 +359,7 @@ def learning_study(args, argv) -> int:
                     print(f"{env:16s} {algo:9s} {dtype:7s} seed {seed}: return {r['eval_return_mean']:8.3f} "
                           f"success {r['success_rate']:.3f} ({r['eval_episodes']} episodes)", flush=True)
     cmd = "python benchmarks/tabular_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    _write(args, "tabular_learning.json", {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    _write(args, _name(args, "learning"), {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                            "results": rows})
     return 0
 
@@ -397,7 +405,7 @@ def merge_study(args, argv) -> int:
                     f"{r['merge']}: |Q-Q*| {r['q_error_mean']:9.3g} return {r['eval_return_mean']:8.2f}"
                     for r in rows[-3:]), flush=True)
     cmd = "python benchmarks/tabular_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    _write(args, "tabular_merge.json", {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    _write(args, _name(args, "merge"), {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                         "alpha": "0.5 (-> 0.05 over 10 rounds)", "gamma": gamma,
                                         "transitions": len(data), "results": rows})
     return 0

@@ -10,7 +10,8 @@ Stable-Baselines3's interface (change one import; docs/sb3.md): every registered
     from hetrl import SAC          # DQN, DDPG, TD3, SAC, CrossQ, or hetrl.sb3.model_class("myalgo")
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3).learn(20_000)
 
-An algorithm of your own: subclass hetrl.Algorithm and hetrl.register_algorithm("name", cls) (docs/extending.md).
+An algorithm of your own: subclass hetrl.Algorithm (on-policy: hetrl.OnPolicyAlgorithm) and
+hetrl.register_algorithm("name", cls) (docs/extending.md).
 """
 
 __version__ = "0.1.0"
@@ -23,7 +24,7 @@ __version__ = "0.1.0"
 # schedules give the learner only the cores no actor takes, and the planner prices a
 # multi-threaded learner on cores that busy actors share (hetrl/planner/model.py, SPIN).
 
-from hetrl.errors import HetrlError, UsageError  # noqa: E402
+from hetrl.errors import HetrlError, LearnContractError, UsageError  # noqa: E402
 from hetrl.registry import register_algorithm  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for
         from hetrl import api
 
         return getattr(api, name)
-    if name in ("Algorithm", "ActingPolicy"):
+    if name in ("Algorithm", "ActingPolicy", "OnPolicyAlgorithm", "OnPolicyConfig"):
         from hetrl import algorithm
 
         return getattr(algorithm, name)
@@ -50,4 +51,4 @@ def __getattr__(name):  # lazy: `import hetrl` stays cheap (no torch import) for
 
 
 __all__ = ["train", "resume", "load", "Run", "Policy", "register_algorithm", "Algorithm", "ActingPolicy", "Config",
-           "HetrlError", "UsageError", "__version__"]
+           "OnPolicyAlgorithm", "OnPolicyConfig", "HetrlError", "LearnContractError", "UsageError", "__version__"]

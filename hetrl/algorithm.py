@@ -24,9 +24,20 @@ What an algorithm declares:
 * :meth:`learn`: K gradient steps on K stacked batches, returning |TD| for the priorities;
 * its state (:meth:`state_dict` / :meth:`load_state_dict`: by default the modules named in ``nets``
   and the optimizers in ``optims``), and its replay fields (:meth:`replay_fields`);
-* optionally ``sb3``, a :class:`hetrl.sb3compat.SB3Compat`: what its Stable-Baselines3-style class
-  (``hetrl.sb3.model_class(name)``) takes from SB3: the class name, the constructor's defaults, the policy's
-  default layers and policy_kwargs, SB3's policy file; without it the class is the generic one.
+* optionally ``sb3``, a :class:`hetrl.sb3.SB3Compat`, read by the SB3 front end alone (hetrl/sb3/compat.py):
+  what its Stable-Baselines3-style class (``hetrl.sb3.model_class(name)``) takes from SB3; without it the class
+  is the generic one (the built-ins' are in the front end's own table).
+
+An on-policy algorithm (PPO, A2C, a REINFORCE of one's own) subclasses :class:`OnPolicyAlgorithm` (settings:
+:class:`OnPolicyConfig`): it declares ``storage = "rollout"``, and the learner core keeps a rollout storage in
+place of the replay (hetrl/replay/rollout.py): the actors collect n_steps x num_envs transitions with the current
+policy, the algorithm's :meth:`OnPolicyAlgorithm.rollout_values` gives the values and log-probabilities of the
+rollout in one batched forward, the core computes GAE(lambda) and hands `learn` n_epochs of shuffled minibatches
+(the same `learn(batches, weights)` door, with the fields of :meth:`OnPolicyAlgorithm.learn_fields`); between
+`learn` calls :meth:`Algorithm.stop_phase` may end the epochs early (PPO's target_kl). docs/onpolicy.md.
+
+Every algorithm may keep detached 0-dim tensors of its last update in ``stats`` (name -> tensor, re-assigned by
+`learn`): the learner core reads them, as floats and only when it logs, for the training log (train/<name>).
 
 The learner core (hetrl/runtime/core.py) owns everything else: replay, the replay ratio, counters,
 publishing, checkpoints, evaluation, restarts. A learner *kernel* (hetrl/kernels/) may run `learn`'s
@@ -36,7 +47,9 @@ algorithm never imports one.
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional, Protocol
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -44,7 +57,6 @@ import torch
 
 from hetrl.config import Config
 from hetrl.errors import UsageError
-from hetrl.sb3compat import SB3Compat
 
 
 class ActingPolicy(Protocol):
@@ -126,9 +138,13 @@ class Algorithm:
     shape_settings: ClassVar[tuple[str, ...]] = ()
     # settings that change when it learns or acts: also shared by a population's members
     schedule_settings: ClassVar[tuple[str, ...]] = ()
-    # its Stable-Baselines3 facts for the SB3-style class (hetrl/sb3compat.py); None: the generic class
-    sb3: ClassVar[SB3Compat | None] = None
+    # an SB3Compat for its Stable-Baselines3-style class (hetrl/sb3/compat.py reads it); None: the generic class
+    sb3: ClassVar[Any] = None
+    # what it learns from: "replay" (off-policy: sampled transitions) or "rollout" (on-policy: OnPolicyAlgorithm)
+    storage: ClassVar[str] = "replay"
     updates: int = 0                              # gradient steps taken (checkpointed)
+    # detached 0-dim tensors of its last update (loss scalars), re-assigned by `learn`; read only when logging
+    stats: dict[str, torch.Tensor] = {}
 
     def __init__(self, cfg: Config, obs_space: gym.Space, act_space: gym.Space,
                  device: str | torch.device = "cpu"):
@@ -154,7 +170,8 @@ class Algorithm:
         if not isinstance(act_space, cls.action_spaces):
             kinds = " or ".join(_kind(k) for k in cls.action_spaces)
             raise UsageError(f"{name} needs a {kinds} action space, this env has {act_space}; "
-                             f"use {_takers(act_space)} for {_kind(type(act_space)).split(' ')[0]} actions")
+                             f"use {_takers(act_space, pixels=is_image(obs_space))} for "
+                             f"{_kind(type(act_space)).split(' ')[0]} actions")
         if isinstance(act_space, gym.spaces.Discrete) and act_space.start != 0:
             raise UsageError(f"action space {act_space} does not start at 0; wrap the env to shift actions")
         if isinstance(act_space, gym.spaces.Box) and not act_space.is_bounded("both"):
@@ -198,6 +215,16 @@ class Algorithm:
         (K, B) (1 under uniform replay); returns |TD| (K, B) for the priorities. Counts them in `updates`."""
         raise NotImplementedError(f"{type(self).__name__} must implement learn")
 
+    def set_progress(self, progress_remaining: float) -> None:
+        """The run's progress remaining (1 at its start, 0 at its end; SB3's), before each learner call: for
+        schedules of settings other than the learning rate (PPO's clip range). Kept in tensors that `learn`
+        reads, so a kernel that captured `learn` sees the new value."""
+
+    def stop_phase(self) -> bool:
+        """Between the `learn` calls of an on-policy phase: whether to end its epochs here (PPO's target_kl). A
+        decision on tensor values is made here, never inside `learn` (which a kernel may trace or capture)."""
+        return False
+
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of every optimizer it holds (a learning-rate schedule, config.lr_schedule or
         the SB3-style classes' callable learning_rate, calls it between learner calls). By default: every
@@ -225,3 +252,96 @@ class Algorithm:
         self.updates = int(state["updates"])
         if getattr(self, "rng", None) is not None and "rng" in state:
             self.rng.set_state(state["rng"])
+
+
+# ---- on-policy algorithms --------------------------------------------------------------------------------
+@dataclass
+class OnPolicyConfig(Config):
+    """The settings of an on-policy algorithm (SB3's names and defaults): a rollout is n_steps vector steps of
+    num_envs envs, learned in n_epochs passes of minibatches of batch_size, advantages by GAE(gae_lambda).
+
+    The replay settings every schedule and the planner price follow from them (set here, whatever was given):
+    train_freq = buffer_size = n_steps x num_envs (one rollout per learner phase), learning_starts = 0,
+    gradient_steps = n_epochs x ceil(rollout / batch_size); batch_size is at most the rollout (as SB3's
+    minibatches are)."""
+
+    n_steps: int = 2048                 # vector steps per rollout: each env collects n_steps transitions
+    n_epochs: int = 10                  # passes over a rollout, each in shuffled minibatches of batch_size
+    gae_lambda: float = 0.95            # GAE's lambda (1: Monte-Carlo returns bootstrapped at the rollout's end)
+    gamma: float = 0.99
+    batch_size: int = 64
+    lr: float = 3e-4
+    max_grad_norm: float = 0.5
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"
+
+    def __post_init__(self) -> None:
+        rollout = max(1, self.n_steps) * max(1, self.num_envs)
+        self.train_freq = self.buffer_size = rollout
+        self.learning_starts = 0
+        self.batch_size = max(1, min(self.batch_size, rollout))
+        self.gradient_steps = max(1, self.n_epochs) * math.ceil(rollout / self.batch_size)
+
+    @property
+    def rollout_size(self) -> int:
+        """Transitions per rollout: n_steps x num_envs."""
+        return self.n_steps * self.num_envs
+
+    def validate(self) -> None:
+        for key in ("n_steps", "n_epochs"):
+            if getattr(self, key) <= 0:
+                raise UsageError(f"{key} must be positive, got {getattr(self, key)}; e.g. --set {key}=16")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise UsageError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        super().validate()
+
+    SCHEDULE_SETTINGS: ClassVar[tuple[str, ...]] = (*Config.SCHEDULE_SETTINGS, "n_steps", "n_epochs")
+
+
+class OnPolicyAlgorithm(Algorithm):
+    """The base of an on-policy algorithm: it learns from rollouts its current policy collected (storage
+    "rollout", hetrl/replay/rollout.py). Subclasses write ``__init__``, ``make_policy``, ``policy_state``,
+    :meth:`rollout_values` and ``learn``; docs/extending.md's REINFORCE is one.
+
+    A learner phase, written once in the learner core for every schedule:
+
+    1. the actors collect a rollout (n_steps x num_envs transitions: obs, action, reward, next_obs,
+       terminated, truncated) with the current policy, and the learner lays it out as (T, N, ...) tensors;
+    2. :meth:`rollout_values` (no gradient) gives, per transition, ``value`` = V(obs), ``next_value`` =
+       V(next_obs) and whatever `learn` needs of the acting policy (``log_prob``); it may give ``reward``
+       (rewards as learned, e.g. scaled) in place of the env's;
+    3. the core computes GAE(gae_lambda): ``advantage`` and ``return``;
+    4. n_epochs passes over the rollout in shuffled minibatches of batch_size: `learn(batches, weights)` with
+       the fields of :meth:`learn_fields` stacked (K, B, ...), weights ones (a call may span passes); between calls
+       :meth:`stop_phase` may end the phase; :meth:`phase_group` says how many minibatches one call takes;
+    5. :meth:`rollout_done`, then the new policy is published and the rollout emptied.
+    """
+
+    Settings: ClassVar[type[Config]] = OnPolicyConfig
+    storage: ClassVar[str] = "rollout"
+    schedule_settings: ClassVar[tuple[str, ...]] = ("n_steps", "n_epochs")
+
+    @classmethod
+    def learn_fields(cls, obs_space: gym.Space, act_space: gym.Space) -> dict:
+        """The fields of one `learn` minibatch row, name -> (shape, dtype): the stored obs and action, the
+        outputs of `rollout_values` but next_value and reward, and GAE's advantage and return."""
+        stored = cls.replay_fields(obs_space, act_space)
+        return {"obs": stored["obs"], "action": stored["action"], "value": ((), "float32"),
+                "log_prob": ((), "float32"), "advantage": ((), "float32"), "return": ((), "float32")}
+
+    def rollout_values(self, rollout: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One batched forward over a rollout (fields (T, N, ...)) with the parameters it was collected with:
+        {"value": V(obs), "next_value": V(next_obs), "log_prob": log pi(action | obs), ...}, each (T, N)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rollout_values")
+
+    def rollout_done(self, rollout: dict[str, torch.Tensor]) -> None:
+        """After a rollout's epochs, before the new policy is published (e.g. observation statistics move)."""
+
+    def phase_group(self, minibatches: int) -> int:
+        """How many of a phase's `minibatches` one `learn` call takes (decisions such as stop_phase are made
+        between calls): all of them by default (the learner core takes GROUP_MAX a call at most)."""
+        return minibatches
+
+    def exploration(self, env_steps: int) -> float | None:
+        """On-policy actors always act with the policy (no warm-up of random actions)."""
+        return 1.0

@@ -121,13 +121,16 @@ class Run:
         from hetrl.runtime import make_schedule
 
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
-        # `schedule`: one made elsewhere (a population's member); else the one cfg.schedule names
+        # `schedule`: one made elsewhere (a population's member); else the one cfg.system.schedule names
         self.schedule = schedule if schedule is not None else make_schedule(cfg, env)
         self.result: dict[str, Any] = {}
         self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
         self.evaluations = Evaluations(cfg.eval_episodes, self._eval_interval(), cfg.seed, cfg.eval_max_steps)
         self._replay_saved = False
+        from hetrl.planner.follow import follower   # the plan held against the measured rate (docs/planner.md)
+
+        self.follow = follower(self.schedule, cfg, self.plan_info)
 
     def _eval_interval(self) -> int:
         return self.cfg.eval_interval or max(1, self.cfg.steps // 10)
@@ -165,6 +168,40 @@ class Run:
     def last_policy(self) -> Policy:
         return Policy(self.algo, self.cfg, self.env)
 
+    # ---- state between phases (front ends: the SB3-style classes) ---------------------------------------
+    def state_dict(self, with_replay: bool = False) -> dict:
+        """The run's checkpoint state (the learner, its counters and RNG, the actors'; `with_replay`: the replay)."""
+        return self.schedule.state_dict(with_replay=with_replay)
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint state of any schedule, before the first phase (the replay too if it holds one)."""
+        self.schedule.load_state_dict(state)
+
+    def replay_size(self) -> int:
+        """Transitions in the replay."""
+        return len(self.schedule.replay)
+
+    def replay_state_dict(self) -> dict:
+        return self.schedule.replay.state_dict()
+
+    def load_replay_state_dict(self, state: dict) -> None:
+        """A replay saved by replay_state_dict() (the same buffer_size and spaces), between phases."""
+        self.schedule.replay.load_state_dict(state)
+
+    def train_stats(self) -> dict[str, float]:
+        """The algorithm's loss scalars of its last update (and an on-policy run's last rollout's figures), as
+        floats (LearnerCore.train_stats): what a training log records as train/<name>."""
+        return self.schedule.core.train_stats()
+
+    def load_parameters(self, state: dict) -> None:
+        """New parameters and optimizer state (the algorithm's state_dict()) between phases; actors get the policy."""
+        self.schedule.core.load_algo(state)
+
+    def set_lr_schedule(self, fn) -> None:
+        """The learning rate as a function of the progress remaining (1 -> 0), set before each learner call
+        (SB3's callable learning_rate); None: the optimizers keep theirs."""
+        self.schedule.core.lr_at = fn
+
     def extend(self, steps: int) -> None:
         """Train to `steps` env steps in all (a later `learn()` goes on from where this run is)."""
         if steps <= self.env_steps:
@@ -180,7 +217,7 @@ class Run:
         (returns False to stop the run) and `training_end(run)`, called in this process at phase boundaries.
         Ctrl-C or SIGTERM stops at the end of the current phase and saves."""
         s, core = self.schedule, self.schedule.core
-        logger = Logger(self.out, self.cfg.steps, self.cfg.log_interval, progress, start_step=s.c.env_steps)
+        logger = Logger(self.out, self.cfg.steps, self.cfg.system.log_interval, progress, start_step=s.c.env_steps)
         self.evaluations.start(s.c.env_steps)
         self.interrupted = False
         core.start_clock()
@@ -190,6 +227,7 @@ class Run:
                 while not s.done() and not stop:
                     eps = s.phase()
                     core.tick()
+                    self.follow.phase()
                     if self.evaluations.due(s.c.env_steps, s.done()):
                         with core.clock_paused():
                             self.evaluate_now(logger)
@@ -203,6 +241,7 @@ class Run:
                         break
             self.interrupted = stop.signal or self.interrupted
             _hook(callback, "training_end", self)
+            self.follow.finish(str(self.out or ""))
             self.result = self._result()
             self._calibrate()
             if self.out is not None:
@@ -250,7 +289,8 @@ class Run:
         # other processes' load (an actor process, a neighbour's job), which is not this machine's speed
         threads, learner_s, steps = self.schedule.core.governor.mostly()
         entry = calibrate(path, plan["plan"]["learner_device"], self.cfg.batch_size, threads,
-                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""))
+                          c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""),
+                          provisional=self.follow.loaded())
         if entry is not None:
             self.result["calibration"] = entry
             self.plan_info["calibration"] = entry
@@ -270,7 +310,7 @@ class Run:
     def _result(self) -> dict:
         best = self.best
         return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
-                "schedule": self.cfg.schedule, **self.schedule.figures(),
+                "schedule": self.cfg.system.schedule, **self.schedule.figures(),
                 "batch_size": self.cfg.batch_size, "num_envs": self.cfg.num_envs,
                 "device": str(self.schedule.device), "interrupted": self.interrupted,
                 "eval_s": self.evaluations.seconds, "policy": "best" if self.cfg.keep_best and best else "last",
@@ -278,18 +318,18 @@ class Run:
                    if best else {}),
                 "evaluations": self.evaluations.history,
                 "hetrl_version": hetrl.__version__, "torch_version": torch.__version__,
-                **self.plan_info, "config": self.cfg.to_dict(), **_evals(self.result)}
+                **self.plan_info, **self.follow.figures(), "config": self.cfg.to_dict(), **_evals(self.result)}
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
         """checkpoint.pt (+ replay.pt) and result.json in `path` (hetrl/checkpoint.py)."""
         replay = (self.save_replay and not self._replay_saved) if replay is None else replay
-        state = self.schedule.state_dict(with_replay=False)
+        state = self.state_dict(with_replay=False)
         evals = self.evaluations.state_dict()
         state["best"], state["evaluations"] = evals["best"], evals["history"]
         self.result = {**self._result(), **_evals(self.result)}
         d = save_run(Path(path), config=self.cfg.to_dict(), env=env_name(self.env), state=state, result=self.result,
-                     replay=self.schedule.replay.state_dict() if replay else None)
+                     replay={**self.replay_state_dict(), "actors": self.schedule.actors_state()} if replay else None)
         self._replay_saved = self._replay_saved or bool(replay)
         return d
 
@@ -363,10 +403,10 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
     if allow_more_envs and "num_envs" in settings:
         note(f"num_envs={cfg.num_envs} was set by hand: the planner keeps it (--allow-more-envs ignored)")
         allow_more_envs = False
-    pins = pins_from_settings({k: v for k, v in settings.items() if k != "schedule"} if cfg.schedule == "ray"
+    pins = pins_from_settings({k: v for k, v in settings.items() if k != "schedule"} if cfg.system.schedule == "ray"
                               else settings)
     cores = None
-    if cfg.schedule == "ray":  # plan the cluster's CPUs as one pool of actors around the learner
+    if cfg.system.schedule == "ray":  # plan the cluster's CPUs as one pool of actors around the learner
         from hetrl.runtime.ray_schedule import cluster_cpus, connect
 
         connect(cfg)
@@ -375,21 +415,21 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
                   env=env if env is not None and not isinstance(env, str) else None)
     p = result.plan
     shape = f"{p.actors} actors x {p.envs_per_actor} envs" if p.schedule != "inline" else f"{p.envs_per_actor} envs"
-    sched = p.schedule if cfg.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
+    sched = p.schedule if cfg.system.schedule != "ray" else f"ray (planned as local over the cluster's {cores} CPUs)"
     at = "with more envs than the preset's" if result.learning_changes else "at the preset's settings"
     note(f"plan ({objective}): {sched}, {shape}, learner on {p.learner_device}; predicted "
          f"{result.predicted_env_steps_per_s:,.0f} env steps/s {at} ({result.bottleneck}); "
          "`hetrl plan` explains it")
     for line in result.notes:
-        if "learning dynamics" in line:
+        if "learning dynamics" in line or "provisional" in line or "busy now" in line:   # (docs/planner.md)
             note(line)
     chosen = result.system_settings(cfg, pinned=settings)
     new = result.apply(cfg, pinned=settings)
-    if cfg.schedule == "ray":
+    if cfg.system.schedule == "ray":
         from hetrl.runtime.ray_schedule import cluster_env_backend
 
-        backend, why = cluster_env_backend(new.env_backend)   # measured here; the actors may run on any node
-        new = dataclasses.replace(new, schedule="ray", env_backend=backend)
+        backend, why = cluster_env_backend(new.system.env_backend)   # measured here; the actors may run on any node
+        new = new.replace(schedule="ray", env_backend=backend)
         if why:
             note(why)
     before, after = cfg.to_dict(), new.to_dict()
@@ -420,12 +460,12 @@ def prepare(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, s
             hyperparams: str | Path | None = None, **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
     """What `train` does before it trains: the checked config, the run directory (checked writable) and the
     plan: (cfg with the plan's system settings, out, the plan's figures for result.json). `hyperparams`: an
-    rl-baselines3-zoo file (hetrl/zoo.py), under `config` and `settings`."""
+    rl-baselines3-zoo file (hetrl/sb3/zoo.py), under `config` and `settings`."""
     if plan not in ("auto", "none"):
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
     over = _overrides(config, {"steps": steps, "seed": seed, **settings})
     if hyperparams is not None:
-        from hetrl import zoo
+        from hetrl.sb3 import zoo
 
         over = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env), **over}
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
@@ -457,7 +497,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     dynamics change; a num_envs given here is kept); plan="none" runs the settings as given. `out`: a directory
     to save the run in (True: runs/ALGO-ENV-sSEED). `callback`: see Run.learn. `hyperparams`: an
     rl-baselines3-zoo hyperparameter file (its entry for the env, SB3's defaults for what it leaves out, instead
-    of hetrl's presets; `config` and the keywords win over it; hetrl/zoo.py). Returns the finished Run,
+    of hetrl's presets; `config` and the keywords win over it; hetrl/sb3/zoo.py). Returns the finished Run,
     evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
 
     `seeds` (a count or a list) and/or `sweep` ({setting: [values]}) train a population, one member per seed x
@@ -471,7 +511,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
             raise UsageError("seed and seeds both given: a population takes its seeds from --seeds (seeds=); "
                              "drop --seed (seed=)")
         if hyperparams is not None:   # the file's settings, under the keywords'
-            from hetrl import zoo
+            from hetrl.sb3 import zoo
 
             settings = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env),
                         **settings}
@@ -481,8 +521,8 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
                                      progress, hyperparams, **settings)
     if progress:
-        print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.schedule}, "
-              f"device {cfg.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
+        print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.system.schedule}, "
+              f"device {cfg.system.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
               file=sys.stderr)
     run = Run(cfg, env, out_path, save_replay, plan_info=planned)
     run.learn(progress=progress, callback=callback)
@@ -535,7 +575,7 @@ def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = 
     if replay is not None:
         state["replay"] = replay
     try:
-        run.schedule.load_state_dict(state)
+        run.load_state_dict(state)
     except BaseException:
         run.close()
         raise

@@ -176,7 +176,7 @@ def cmd_train(args) -> int:
         _summary(run.result, Path(args.resume))
         return _exit_code(run)
     if args.hyperparams and not args.algo:
-        from hetrl import zoo
+        from hetrl.sb3 import zoo
 
         args.algo = zoo.algo_of(args.hyperparams)
     if not args.algo or not args.env:
@@ -236,9 +236,11 @@ def _summary(result: dict, out: Path) -> None:
         print(f"hetrl: measured {measured:,.0f} env steps/s while learning vs predicted "
               f"{result['predicted_env_steps_per_s']:,.0f} ({err:+.0%}); "
               f"{result['env_steps_per_s']:,.0f} over the whole run (warm-up included)", file=sys.stderr)
+    if (result.get("plan_follow") or {}).get("short"):   # the run fell short of its plan: what it tried (follow.py)
+        print(f"hetrl: {result['plan_follow']['why']}", file=sys.stderr)
     keys = ["env_steps", "gradient_steps", "wall_s", "env_steps_per_s", "env_steps_per_s_learning", "train_samples_per_s",
             "eval_return_mean", "eval_return_std", "policy", "best_env_steps", "final_eval_return_mean",
-            "predicted_env_steps_per_s",
+            "predicted_env_steps_per_s", "threads",
             # local and ray schedule figures (absent under inline)
             "actors", "envs_per_actor", "replay_ratio_achieved", "policy_staleness_mean",
             "actor_busy_fraction", "learner_busy_fraction", "actor_restarts", "ray_nodes"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,34 +21,32 @@ from typing import Any, ClassVar
 
 import yaml
 
+from hetrl.actors.atari import AtariOptions, atari_id  # noqa: F401  (atari_id: its public place was here)
 from hetrl.errors import UsageError
 
+MAX_LOCAL_ACTORS = 64    # actor processes on one machine at most (the planner searches no further)
+KERNELS = ("auto", "public", "compiled", "cuda_graph")
+
+
 @dataclass
-class Config:
-    # what to train
-    algo: str = ""                      # the registered algorithm's name (hetrl.registry)
-    env: str = "CartPole-v1"
-    steps: int = 50_000                 # total env steps
-    seed: int = 0
-    # system
+class SystemSettings:
+    """The system's settings: where and how fast the parts run, never what the agent learns. The planner owns
+    them (it chooses every one the user leaves unset: hetrl/planner/search.py, PlanResult.system_settings), and
+    `hetrl train --resume DIR` may change them (a run started inline can continue on a cluster). A run reads them
+    as `cfg.system.<name>`; `--set`, config files and API keywords name them by their own name (threads=2)."""
+
     schedule: str = "inline"            # inline (one process), local (actor processes), ray (a Ray cluster)
     device: str = "cpu"                 # learner + data storage device: cpu, cuda, cuda:N, auto
-    num_envs: int = 1                   # envs in all: the preset's (rl-zoo's n_envs, 1 where the zoo sets none), never the planner's
-    env_backend: str = "auto"           # gymnasium, envpool, or auto: EnvPool for Atari games it has, else Gymnasium; the planner measures both
-    frame_stack: int = 1                # observations stacked (gymnasium FrameStackObservation, zero-padded); 1 = none
-    # --- Atari (ALE ids; hetrl/actors/atari.py, docs/atari.md): SB3's AtariWrapper, each part a switch ---
-    atari_noop_max: int = 30            # up to this many no-op steps at reset (0: none)
-    atari_frame_skip: int = 4           # agent steps every K frames, max-pooling the last 2 (1: no skip)
-    atari_screen_size: int = 84         # frames resized to NxN grayscale
-    atari_episodic_life: bool = True    # training: a lost life ends the episode (the game goes on)
-    atari_fire_reset: bool = True       # press FIRE after a reset, in games that wait for it
-    atari_clip_reward: bool = True      # training: rewards clipped to their sign (evaluation: the raw score)
-    atari_sticky_actions: str = "auto"  # repeat_action_probability: auto = the id's default (0.25 for v5), or a number
     threads: int = 0                    # torch threads in the learner process; 0 = all cores
-    publish_interval: int = 1           # learner -> actors: publish params every K training phases
-    check_finite: bool = True          # stop at the first NaN/inf in inserted data or in the learner's TD errors
+    env_backend: str = "auto"           # gymnasium, envpool, or auto: EnvPool for Atari games it has, else Gymnasium; the planner measures both
     learner_kernel: str = "auto"        # auto | public | compiled | cuda_graph: what runs the learner's updates (hetrl/kernels/);
                                         # auto: the fastest of those checked equal to public on this machine (cached once per machine)
+    publish_interval: int = 1           # learner -> actors: publish params every K training phases
+    check_finite: bool = True           # stop at the first NaN/inf in inserted data or in the learner's TD errors
+    log_interval: int = 2_000           # env steps between logged scalars
+    reproducible: bool = True           # the same seed gives the same run on this machine: the local schedule runs in
+                                        # phases (actors one phase behind, the learner sampling the replay as it
+                                        # stood at a phase boundary); false: timing decides (result.json says which)
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------
     actors: int = 0                     # actor processes; 0 = auto: cores - 1, at least 1, at most 4
     envs_per_actor: int = 0             # envs per actor process; 0 = num_envs / actors (same total)
@@ -59,11 +59,55 @@ class Config:
     prefetch: bool = True               # a learner thread samples the next batch during the update
     actor_one_thread: bool = True       # torch.set_num_threads(1) in every actor process
     preallocate: bool = True            # no per-step allocation: staging written in place, fixed batch buffers
-    # --- end local schedule -------------------------------------------------------------------
     # --- ray schedule (hetrl/runtime/ray_schedule.py; actors, envs_per_actor, rate_* as local) ---
     ray_address: str = ""               # "" = start a local Ray; auto or HOST:PORT = join that cluster
     ray_actor_cpus: float = 1.0         # Ray CPU resources per actor (fractions pack more actors per core)
     replay_shards: int = 1              # replay-server Ray actors; actor i feeds shard i mod shards
+
+    def validate(self) -> None:
+        """The system settings' own checks (UsageError naming the setting)."""
+        _check_ranges(self, "", ("schedule", "env_backend", "learner_kernel"),
+                      ("publish_interval", "log_interval", "replay_shards"),
+                      ("threads", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag"))
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            raise UsageError(f"device={self.device!r} is not a device; use cpu, cuda, cuda:N or auto")
+        if self.learner_kernel == "cuda_graph" and self.device == "cpu":
+            raise UsageError("learner_kernel=cuda_graph replays the learner on a GPU, but device=cpu; "
+                             "set --set device=cuda, or another learner_kernel")
+        if self.learner_kernel == "compiled" and self.device.startswith("cuda"):
+            raise UsageError("learner_kernel=compiled is a CPU kernel, but device is a GPU; "
+                             "set --set learner_kernel=cuda_graph (or auto), or --set device=cpu")
+        if self.actors > MAX_LOCAL_ACTORS and self.schedule != "ray":
+            raise UsageError(f"actors={self.actors} is more actor processes than one machine runs well "
+                             f"({MAX_LOCAL_ACTORS}); lower "
+                             "--actors, or spread them over a cluster with --schedule ray")
+        if self.actors > 4096:
+            raise UsageError(f"actors={self.actors} is more than hetrl supports (4096); lower --actors")
+        if not self.ray_actor_cpus > 0:
+            raise UsageError(f"ray_actor_cpus must be > 0, got {self.ray_actor_cpus}")
+        if self.reproducible and not self.rate_limit and self.schedule != "inline":
+            raise UsageError("rate_limit=false learns while env steps come in, as fast as timing has it, which no seed "
+                             "reproduces; keep rate_limit=true or set reproducible=false")
+        if self.actors and self.replay_shards > self.actors:
+            raise UsageError(f"replay_shards={self.replay_shards} is more than actors={self.actors}: a shard no "
+                             "actor feeds would never be sampled; use at most one shard per actor")
+
+
+@dataclass
+class Config:
+    """The learning settings every algorithm shares; an algorithm's Settings subclass it with its own. The
+    system's settings are `cfg.system` (SystemSettings) and the Atari preprocessing's `cfg.atari`
+    (hetrl/actors/atari.py, AtariOptions). Every setting has one flat key, the name `--set`, config files, zoo
+    files, API keywords, result.json and checkpoints use: a field's name, `atari_` + the field's name for the
+    Atari options (atari_noop_max)."""
+
+    # what to train
+    algo: str = ""                      # the registered algorithm's name (hetrl.registry)
+    env: str = "CartPole-v1"
+    steps: int = 50_000                 # total env steps
+    seed: int = 0
+    num_envs: int = 1                   # envs in all: the preset's (rl-zoo's n_envs, 1 where the zoo sets none), never the planner's
+    frame_stack: int = 1                # observations stacked (gymnasium FrameStackObservation, zero-padded); 1 = none
     # replay
     buffer_size: int = 100_000
     batch_size: int = 64
@@ -96,7 +140,9 @@ class Config:
     eval_max_steps: int = 0             # an evaluation episode is cut (truncated) after this many steps; 0 = the
                                         # env's own time limit (Atari: ALE's), or 10,000 for an env without one
     keep_best: bool = True              # the run's policy is the best evaluated one (SB3 EvalCallback style)
-    log_interval: int = 2_000           # env steps between logged scalars
+    # the system's settings (the planner's: docs/planner.md) and the Atari preprocessing's (ALE ids: docs/atari.md)
+    system: SystemSettings = field(default_factory=SystemSettings)
+    atari: AtariOptions = field(default_factory=AtariOptions)
 
     @property
     def replay_ratio(self) -> float:
@@ -104,7 +150,40 @@ class Config:
         return 1.0 if self.gradient_steps < 0 else self.gradient_steps / self.train_freq
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting under its flat key (as --set takes them): what result.json and checkpoints hold."""
+        out: dict[str, Any] = {}
+        for key, (group, _, name) in keys(type(self)).items():
+            v = getattr(getattr(self, group) if group else self, name)
+            out[key] = list(v) if isinstance(v, list) else v
+        return out
+
+    def get(self, key: str) -> Any:
+        """The setting of flat key `key` (`cfg.get("threads")` is `cfg.system.threads`)."""
+        group, _, name = _where(type(self), key)
+        return getattr(getattr(self, group) if group else self, name)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with `changes` (flat keys) applied, as dataclasses.replace (no checks; validate() checks)."""
+        mine: dict[str, Any] = {}
+        grouped: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            group, _, name = _where(type(self), key)
+            if group:
+                grouped.setdefault(group, {})[name] = value
+            else:
+                mine[name] = value
+        for group, values in grouped.items():
+            mine[group] = dataclasses.replace(getattr(self, group), **values)
+        return dataclasses.replace(self, **mine)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a missing attribute: name the new place of a setting that moved
+        if not name.startswith("_"):
+            for group, (cls, prefix) in GROUPS.items():
+                if name.startswith(prefix) and name[len(prefix):] in {f.name for f in dataclasses.fields(cls)}:
+                    raise AttributeError(f"{type(self).__name__} has no {name!r}: it is cfg.{group}."
+                                         f"{name[len(prefix):]} (docs/extending.md: Settings)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def validate(self) -> None:
         """Check the values beyond their types (UsageError naming the setting); an algorithm's Settings
@@ -120,20 +199,15 @@ class Config:
                                                     "gradient_steps", "priority_lag", "eval_interval", "eval_episodes")
 
 
-# The system's settings: where and how fast the parts run, never what the agent learns. The
-# planner may choose them, and `hetrl train --resume DIR` may change them (a run started inline
-# can continue on a cluster). Every other key belongs to the preset (and to the user).
-SYSTEM_KEYS = ("schedule", "device", "threads", "actors", "envs_per_actor", "insert_chunk", "rate_limit",
-               "rate_tolerance", "overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate",
-               "env_backend", "ray_address", "ray_actor_cpus", "replay_shards", "publish_interval",
-               "log_interval", "learner_kernel", "check_finite", "max_policy_lag")
+# the flat keys of the system's settings (SystemSettings): the planner may set them, --resume may change them;
+# every other key belongs to the preset (and to the user)
+SYSTEM_KEYS = tuple(f.name for f in dataclasses.fields(SystemSettings))
+# the settings groups of a Config: its field -> (the group's dataclass, the prefix of the group's flat keys)
+GROUPS: dict[str, tuple[type, str]] = {"system": (SystemSettings, ""), "atari": (AtariOptions, "atari_")}
 
 # settings of earlier checkpoints and config files, and what they mean now
 RENAMED = {"fastpath": None, "compiled": ("learner_kernel", {True: "compiled"}),
            "cuda_graph": ("learner_kernel", {True: "cuda_graph"})}
-
-MAX_LOCAL_ACTORS = 64    # actor processes on one machine at most (the planner searches no further)
-KERNELS = ("auto", "public", "compiled", "cuda_graph")
 
 _CHOICES = {
     "schedule": ("inline", "local", "ray"),
@@ -142,20 +216,71 @@ _CHOICES = {
     "lr_schedule": ("constant", "linear"),
     "learner_kernel": KERNELS,
 }
-_POSITIVE = ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step",
-             "publish_interval", "log_interval", "replay_shards",
-             "frame_stack", "atari_frame_skip", "atari_screen_size")
-_NON_NEGATIVE = ("learning_starts", "threads", "max_grad_norm", "eval_episodes", "eval_interval", "eval_max_steps",
-                 "atari_noop_max", "actors", "envs_per_actor", "insert_chunk", "rate_tolerance", "max_policy_lag",
-                 "priority_lag")
 
 
-def atari_id(env: str) -> bool:
-    """Whether `env` names an Atari game of the ALE with screen observations (ALE/Pong-v5,
-    PongNoFrameskip-v4; not the -ram ids): hetrl preprocesses them (hetrl/actors/atari.py) and
-    gives them the `atari` preset."""
-    base_id = env.split(":")[-1]
-    return (base_id.startswith("ALE/") or base_id.endswith("NoFrameskip-v4")) and "-ram" not in base_id
+def _check_ranges(obj: Any, prefix: str, choices: tuple[str, ...], positive: tuple[str, ...],
+                  non_negative: tuple[str, ...]) -> None:
+    """Value checks of a settings dataclass's fields (named by their flat keys: prefix + field)."""
+    for name in choices:
+        if getattr(obj, name) not in _CHOICES[prefix + name]:
+            raise UsageError(f"{prefix}{name}={getattr(obj, name)!r} is not supported; choose one of: "
+                             f"{', '.join(_CHOICES[prefix + name])}")
+    for name in positive:
+        if getattr(obj, name) <= 0:
+            raise UsageError(f"{prefix}{name} must be positive, got {getattr(obj, name)}; set e.g. "
+                             f"--set {prefix}{name}={_example(prefix + name)}")
+    for name in non_negative:
+        if getattr(obj, name) < 0:
+            raise UsageError(f"{prefix}{name} must be >= 0, got {getattr(obj, name)}")
+
+
+def keys(cls: type[Config] = Config) -> dict[str, tuple[str | None, type, str]]:
+    """Every flat key of settings class `cls`: key -> (its group's field in Config or None, the dataclass that
+    holds it, the field's name there)."""
+    return _keys(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _keys(cls: type) -> dict[str, tuple[str | None, type, str]]:
+    out: dict[str, tuple[str | None, type, str]] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in GROUPS:
+            group_cls, prefix = GROUPS[f.name]
+            out.update({prefix + g.name: (f.name, group_cls, g.name) for g in dataclasses.fields(group_cls)})
+        else:
+            out[f.name] = (None, cls, f.name)
+    return out
+
+
+def defaults(cls: type[Config] = Config) -> dict[str, Any]:
+    """Every flat key of settings class `cls` and its default value."""
+    out = {}
+    for key, (_, owner, name) in _keys(cls).items():
+        f = {f.name: f for f in dataclasses.fields(owner)}[name]
+        out[key] = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return out
+
+
+def _where(cls: type, key: str) -> tuple[str | None, type, str]:
+    try:
+        return _keys(cls)[key]
+    except KeyError:
+        raise KeyError(f"{cls.__name__} has no setting {key!r}") from None
+
+
+def build(cls: type[Config], values: dict[str, Any]) -> Config:
+    """A `cls` from flat keys (typed already; no checks): the groups' keys go to their dataclasses."""
+    mine: dict[str, Any] = {}
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        group, _, name = _where(cls, key)
+        if group:
+            grouped.setdefault(group, {})[name] = value
+        else:
+            mine[name] = value
+    for group, group_values in grouped.items():
+        mine[group] = GROUPS[group][0](**group_values)
+    return cls(**mine)
 
 
 def preset_for(algo: str, env: str) -> dict[str, Any]:
@@ -179,13 +304,10 @@ def settings_class(algo: str) -> type[Config]:
     return cls
 
 
-def _fields(cls: type[Config]) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
-
-
 def _coerce(key: str, value: Any, cls: type[Config] = Config) -> Any:
-    """Convert a YAML/CLI value to the type of cls.<key>; UsageError when impossible."""
-    hint = typing.get_type_hints(cls)[key]
+    """Convert a YAML/CLI value to the type of setting `key` of cls; UsageError when impossible."""
+    _, owner, name = _where(cls, key)
+    hint = typing.get_type_hints(owner)[name]
     given = value
     try:
         if isinstance(value, str):
@@ -229,7 +351,7 @@ def _coerce(key: str, value: Any, cls: type[Config] = Config) -> Any:
 
 def check_value(key: str, value: Any, cls: type[Config] = Config) -> Any:
     """One setting checked on its own (known key of `cls`, right type): its typed value, or a UsageError."""
-    fields = _fields(cls)
+    fields = _keys(cls)
     if key not in fields:
         close = difflib.get_close_matches(key, fields, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "see `hetrl settings ALGO`"
@@ -239,7 +361,8 @@ def check_value(key: str, value: Any, cls: type[Config] = Config) -> Any:
 
 
 def _example(key: str, cls: type[Config] = Config) -> str:
-    f = _fields(cls)[key]
+    _, owner, name = _where(cls, key)
+    f = {f.name: f for f in dataclasses.fields(owner)}[name]
     v = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
     return str(v).replace(" ", "").lower() if isinstance(v, (bool, list)) else str(v)
 
@@ -251,7 +374,7 @@ def parse_sets(pairs: list[str] | None) -> dict[str, str]:
             raise UsageError(f"--set {pair!r} is not key=value; write e.g. --set lr=0.001")
         k, v = pair.split("=", 1)
         out[k.strip()] = v
-    return out
+    return migrate(out)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -267,14 +390,32 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def migrate(values: dict[str, Any]) -> dict[str, Any]:
-    """Settings as saved by an earlier hetrl (checkpoints, config files): renamed keys take their new form."""
-    out = dict(values)
+def migrate(values: dict[str, Any], quiet: bool = False) -> dict[str, Any]:
+    """Settings as written by an earlier hetrl or by hand (checkpoints, config files, --set, zoo files) in
+    their flat keys: renamed keys take their new form, with one line that says so; a group written as a
+    mapping (system: {threads: 2}) or a dotted key (atari.noop_max=0) takes its flat keys."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, dot, rest = str(key).partition(".")
+        if head in GROUPS and dot:
+            out[GROUPS[head][1] + rest] = value
+        elif head in GROUPS and isinstance(value, dict):
+            out.update({GROUPS[head][1] + k: v for k, v in value.items()})
+        else:
+            out[key] = value
+    said = []
     for old, new in RENAMED.items():
         if old in out:
             v = out.pop(old)
+            if isinstance(v, str):   # --set compiled=true
+                v = v.strip().lower() in ("1", "true", "yes", "on")
             if new is not None and new[1].get(v) and out.get(new[0], "auto") == "auto":
                 out[new[0]] = new[1][v]
+                said.append(f"{old}={v} is now {new[0]}={new[1][v]}")
+            else:
+                said.append(f"{old} is no longer a setting (dropped)")
+    if said and not quiet:
+        print(f"hetrl: settings of an earlier hetrl migrated: {'; '.join(said)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -285,26 +426,22 @@ def make_config(algo: str, env: str, overrides: dict[str, Any] | None = None) ->
     registry.get(algo)   # a clear error for an unknown name
     algo = algo.lower()
     cls = settings_class(algo)
-    merged: dict[str, Any] = dict(preset_for(algo, env))
-    merged.update(overrides or {})
+    merged: dict[str, Any] = dict(migrate(preset_for(algo, env)))
+    merged.update(migrate(overrides or {}))
     merged["algo"], merged["env"] = algo, env
     values = {key: check_value(key, value, cls) for key, value in merged.items()}
-    cfg = cls(**values)
+    cfg = build(cls, values)
     cfg.validate()
     return cfg
 
 
 def validate(cfg: Config) -> None:
-    """Config's own checks (`Config.validate` calls it; the planner checks a plan's settings with it)."""
-    for key, choices in _CHOICES.items():
-        if getattr(cfg, key) not in choices:
-            raise UsageError(f"{key}={getattr(cfg, key)!r} is not supported; choose one of: {', '.join(choices)}")
-    for key in _POSITIVE:
-        if getattr(cfg, key) <= 0:
-            raise UsageError(f"{key} must be positive, got {getattr(cfg, key)}; set e.g. --set {key}={_example(key)}")
-    for key in _NON_NEGATIVE:
-        if getattr(cfg, key) < 0:
-            raise UsageError(f"{key} must be >= 0, got {getattr(cfg, key)}")
+    """Config's own checks, and its groups' (`Config.validate` calls it; the planner checks a plan's settings
+    with it)."""
+    _check_ranges(cfg, "", ("activation", "lr_schedule"),
+                  ("steps", "num_envs", "buffer_size", "batch_size", "train_freq", "n_step", "frame_stack"),
+                  ("learning_starts", "max_grad_norm", "eval_episodes", "eval_interval", "eval_max_steps",
+                   "priority_lag"))
     if cfg.gradient_steps == 0 or cfg.gradient_steps < -1:
         raise UsageError(f"gradient_steps must be positive or -1 (as many as env steps), got {cfg.gradient_steps}")
     if cfg.batch_size > cfg.buffer_size:
@@ -316,35 +453,10 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"tau must be in (0, 1], got {cfg.tau}")
     if not cfg.lr > 0:
         raise UsageError(f"lr must be positive, got {cfg.lr}")
-    p = cfg.atari_sticky_actions
-    try:
-        ok = p == "auto" or 0.0 <= float(p) <= 1.0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise UsageError(f"atari_sticky_actions={p!r} is not auto or a number in [0, 1]; "
-                         "e.g. --set atari_sticky_actions=0.25")
     if cfg.n_step > 255:
         raise UsageError(f"n_step must be <= 255, got {cfg.n_step}")
-    if not (cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:")):
-        raise UsageError(f"device={cfg.device!r} is not a device; use cpu, cuda, cuda:N or auto")
-    if cfg.learner_kernel == "cuda_graph" and cfg.device == "cpu":
-        raise UsageError("learner_kernel=cuda_graph replays the learner on a GPU, but device=cpu; "
-                         "set --set device=cuda, or another learner_kernel")
-    if cfg.learner_kernel == "compiled" and cfg.device.startswith("cuda"):
-        raise UsageError("learner_kernel=compiled is a CPU kernel, but device is a GPU; "
-                         "set --set learner_kernel=cuda_graph (or auto), or --set device=cpu")
-    if cfg.actors > MAX_LOCAL_ACTORS and cfg.schedule != "ray":
-        raise UsageError(f"actors={cfg.actors} is more actor processes than one machine runs well "
-                         f"({MAX_LOCAL_ACTORS}); lower "
-                         "--actors, or spread them over a cluster with --schedule ray")
-    if cfg.actors > 4096:
-        raise UsageError(f"actors={cfg.actors} is more than hetrl supports (4096); lower --actors")
-    if not cfg.ray_actor_cpus > 0:
-        raise UsageError(f"ray_actor_cpus must be > 0, got {cfg.ray_actor_cpus}")
-    if cfg.actors and cfg.replay_shards > cfg.actors:
-        raise UsageError(f"replay_shards={cfg.replay_shards} is more than actors={cfg.actors}: a shard no actor "
-                         "feeds would never be sampled; use at most one shard per actor")
+    cfg.system.validate()
+    cfg.atari.validate()
 
 
 def check_ent_coef(value: str, key: str = "ent_coef") -> None:

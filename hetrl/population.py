@@ -188,7 +188,7 @@ class PopulationRun:
         if self.group is None:
             write_members(self.out, self.members, self.spec)
         logger = Logger(self.out if self.group is None else self.out / "groups" / str(self.group), cfg.steps,
-                        cfg.log_interval, progress, start_step=pop.c.env_steps)
+                        cfg.system.log_interval, progress, start_step=pop.c.env_steps)
         for r in self.runs:
             r.evaluations.start(pop.c.env_steps)
         pop.start_clock()
@@ -293,7 +293,7 @@ def write_members(out: Path, members: list[Member], spec: dict) -> dict:
     pop = {"seeds": spec.get("seeds", sorted({m.seed for m in members})), "sweep": spec.get("sweep", {}),
            "members": [m.to_json() for m in members], "groups": spec.get("groups")}
     write_json({"format": FORMAT, "algo": base.algo, "env": base.env, "population": pop,
-                "schedule": base.schedule}, out / POPULATION_FILE)
+                "schedule": base.system.schedule}, out / POPULATION_FILE)
     return pop
 
 
@@ -322,13 +322,13 @@ def _kernel_of(cfg: Config, env) -> tuple[str, bool]:
     runs without the GIL."""
     from hetrl import kernels
     from hetrl.actors.envs import prepare_env, probe_spaces
-    from hetrl.algos import make_algorithm, replay_spec
+    from hetrl.algos import learn_spec, make_algorithm
     from hetrl.runtime.core import resolve_device
     from hetrl.runtime.layout import grads_per_phase, group_size
 
     obs, act = probe_spaces(prepare_env(env, cfg))
-    device = resolve_device(cfg.device)
-    choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, replay_spec(cfg, obs, act),
+    device = resolve_device(cfg.system.device)
+    choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, learn_spec(cfg, obs, act),
                             device, group_size(grads_per_phase(cfg), cfg.prioritized))
     return choice.name, kernels.kernel_class(choice.name).side_by_side()
 
@@ -356,13 +356,13 @@ def train(algo: str, env="CartPole-v1", seeds: Any = 1, sweep: Any = None, steps
     target = default_out(probe, n) if out in (None, True) else Path(out)
     cfg, out_path, planned = api.prepare(algo, env, steps, seeds[0], target, force, config, plan, objective,
                                          allow_more_envs, progress, **settings)
-    system = {k: getattr(cfg, k) for k in SYSTEM_KEYS}
+    system = {k: cfg.get(k) for k in SYSTEM_KEYS}
     overrides = api._overrides(config, {"steps": steps, **settings})
     members = make_members(algo, env_id, {**overrides, **system}, seeds, sweep)
     kernel, free = _kernel_of(members[0].cfg, env)
     pinned = settings.get("schedule")
     pp = plan_population(len(members), os.cpu_count() or 1, kernel, free,
-                         schedule=pinned or (None if plan == "auto" else cfg.schedule), device=cfg.device)
+                         schedule=pinned or (None if plan == "auto" else cfg.system.schedule), device=cfg.system.device)
     if lanes:
         pp.lanes = int(lanes)
     spec = {"seeds": seeds, "sweep": {k: [str(v) for v in vs] for k, vs in sweep.items()},
@@ -373,7 +373,7 @@ def train(algo: str, env="CartPole-v1", seeds: Any = 1, sweep: Any = None, steps
               f"steps each: {pp.describe()} -> {out_path}", file=sys.stderr)
     if pp.schedule == "inline":
         for m in members:
-            m.cfg.schedule = "inline"
+            m.cfg.system.schedule = "inline"
         run = PopulationRun(members, env, out_path, save_replay, planned, pp.lanes, spec)
         run.learn(progress=progress, callback=callback)
         n_eval = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
@@ -392,7 +392,7 @@ def _group_main(group: int, configs: list, names: list[str], seeds: list[int], s
     phase; every member saved)."""
     members = [Member(n, s, st, c) for n, s, st, c in zip(names, seeds, settings, configs)]
     for m in members:
-        m.cfg.schedule = "inline"
+        m.cfg.system.schedule = "inline"
     run = PopulationRun(members, env, Path(out), save_replay, lanes=lanes, group=group)
     run.learn(progress=False, stopped=stopped)
     n_eval = members[0].cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
@@ -591,7 +591,7 @@ def resume(path: str | Path, steps: int | None = None, env=None, progress: bool 
                              "pass a larger total")
         cfg = _saved_config(ckpt, **{k: v for k, v in system.items() if v is not None},
                             **({"steps": steps} if steps is not None else {}))
-        cfg.schedule = "inline"
+        cfg.system.schedule = "inline"
         replay = read_replay(path / m["dir"])
         state = dict(ckpt)
         if replay is not None:

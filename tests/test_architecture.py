@@ -35,6 +35,23 @@ def test_algorithms_never_import_the_runtime():
         assert "hetrl.runtime" not in f.read_text(), f.name
 
 
+def test_the_sb3_front_end_is_one_wing():
+    """The algorithms know nothing of SB3 (their SB3 facts are the wing's table), and the wing drives a Run by its
+    public methods, never the schedule's parts."""
+    hetrl_dir = RUNTIME.parent
+    for f in (hetrl_dir / "algos").glob("*.py"):
+        text = f.read_text()
+        assert "hetrl.sb3" not in text and "SB3Compat" not in text, f.name
+    for f in (hetrl_dir / "sb3").glob("*.py"):
+        text = f.read_text()
+        assert ".schedule." not in text and "schedule.core" not in text, f.name
+    from hetrl import registry
+    from hetrl.sb3.compat import BUILTIN, GENERIC, of
+
+    assert all(of(registry.get(name)) is BUILTIN[name] for name in BUILTIN)
+    assert of(type("Mine", (registry.get("dqn"),), {"sb3": None})) is GENERIC
+
+
 def test_every_schedule_is_a_schedule_of_the_core():
     from hetrl.runtime.core import Schedule
     from hetrl.runtime.inline import InlineSchedule

@@ -140,9 +140,9 @@ def test_the_planner_times_both_backends_and_the_run_takes_the_faster(tmp_path, 
     t.data["key"]["network"] = network_key(cfg)
     t.save(cache_path(cfg, machine))
     new, info = auto_plan(cfg, {}, quiet=True)
-    assert new.env_backend == info["plan"]["chosen"]["env_backend"] == "envpool"
+    assert new.system.env_backend == info["plan"]["chosen"]["env_backend"] == "envpool"
     mine = make_config("dqn", "CartPole-v1", {"env_backend": "gymnasium"})
     t.data["env_backend"] = {"chosen": "gymnasium"}
     t.save(cache_path(mine, machine))   # its own profile (the backend is in the cache key)
     new, info = auto_plan(mine, {"env_backend": "gymnasium"}, quiet=True)   # the user's: kept, not "chosen"
-    assert new.env_backend == "gymnasium" and "env_backend" not in info["plan"]["chosen"]
+    assert new.system.env_backend == "gymnasium" and "env_backend" not in info["plan"]["chosen"]

@@ -1,5 +1,6 @@
-"""SB3's callback protocol on hetrl's Runs (hetrl/callbacks.py): exact counts, stopping, checkpoints and
-evaluations under inline and local, a callback that raises, and SB3's own callbacks unchanged."""
+"""SB3's callback protocol on hetrl's Runs (hetrl/sb3/callbacks.py, also imported as `hetrl.callbacks`): exact
+counts, stopping, checkpoints and evaluations under inline and local, a callback that raises, and SB3's own
+callbacks unchanged."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetrl import DQN, SAC
-from hetrl import callbacks as hc
+from hetrl.sb3 import callbacks as hc
 from hetrl.errors import UsageError
 
 try:
@@ -46,6 +47,13 @@ class Counting(hc.BaseCallback):
 
     def _on_training_end(self):
         self.events.append("end")
+
+
+def test_the_documented_import_path_gives_the_same_callbacks():
+    import hetrl.callbacks
+
+    assert all(getattr(hetrl.callbacks, name) is getattr(hc, name) for name in hc.__all__)
+    assert hetrl.callbacks.EvalCallback is hc.EvalCallback
 
 
 @pytest.mark.parametrize("sched", SCHEDULES, ids=["inline", "local"])

@@ -21,7 +21,7 @@ def run_cli(capsys, *argv):
     (["train", "dqn", "--env", "CartPol-v1"], "unknown env 'CartPol-v1'"),
     (["train", "dqn", "--env", "Pendulum-v1"], "DQN needs a discrete action space"),
     (["train", "ddpg", "--env", "CartPole-v1"], "DDPG needs a continuous"),
-    (["train", "ppo", "--env", "CartPole-v1"], "unknown algorithm 'ppo'"),
+    (["train", "trpo", "--env", "CartPole-v1"], "unknown algorithm 'trpo'"),
     (["train", "dqn", "--env", "CartPole-v1", "--set", "lr=abc"], "lr='abc' is not a number"),
     (["train", "dqn", "--env", "CartPole-v1", "--set", "bogus=1"], "unknown setting 'bogus'"),
     (["train", "dqn", "--env", "CartPole-v1", "--set", "batch_size=200000"], "larger than buffer_size"),

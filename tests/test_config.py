@@ -47,3 +47,55 @@ def test_unknown_algo_suggests():
 def test_set_needs_key_value():
     with pytest.raises(UsageError, match="key=value"):
         parse_sets(["lr"])
+
+
+def test_settings_are_three_groups_read_by_their_place_and_set_by_flat_keys(capsys):
+    import dataclasses
+
+    from hetrl.actors.atari import AtariOptions
+    from hetrl.config import SYSTEM_KEYS, Config, SystemSettings, build, keys, migrate
+
+    assert len(dataclasses.fields(Config)) <= 40   # the learning settings; the groups are two of them
+    assert set(SYSTEM_KEYS) == {f.name for f in dataclasses.fields(SystemSettings)}
+    c = make_config("dqn", "ALE/Pong-v5", {"threads": 2, "atari_noop_max": 0, "lr": 1e-3})
+    assert (c.system.threads, c.atari.noop_max, c.lr) == (2, 0, 1e-3)
+    assert isinstance(c.system, SystemSettings) and isinstance(c.atari, AtariOptions)
+    with pytest.raises(AttributeError, match=r"cfg\.system\.threads"):   # the old place names the new one
+        c.threads  # noqa: B018
+    with pytest.raises(AttributeError, match=r"cfg\.atari\.noop_max"):
+        c.atari_noop_max  # noqa: B018
+    flat = c.to_dict()   # what result.json and checkpoints hold: one flat mapping, as --set takes keys
+    assert flat["threads"] == 2 and flat["atari_noop_max"] == 0 and "system" not in flat and set(flat) == set(keys(type(c)))
+    assert build(type(c), flat) == c and c.get("threads") == 2 and c.get("atari_screen_size") == 84
+    d = c.replace(threads=1, atari_frame_skip=2, lr=0.5)
+    assert (d.system.threads, d.atari.frame_skip, d.lr, c.system.threads, c.atari.frame_skip) == (1, 2, 0.5, 2, 4)
+    # a config file may write a group as a mapping, --set a dotted key; both give the flat keys
+    assert migrate({"system": {"threads": 3}, "atari.frame_skip": 2, "lr": 1}) == \
+        {"threads": 3, "atari_frame_skip": 2, "lr": 1}
+    e = make_config("dqn", "CartPole-v1", parse_sets(["system.actors=2", "atari.noop_max=1"]))
+    assert (e.system.actors, e.atari.noop_max) == (2, 1)
+    # checkpoints of an earlier hetrl: old keys migrated, with one line that says so
+    capsys.readouterr()
+    f = make_config("dqn", "CartPole-v1", {"compiled": True, "fastpath": True})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f.system.learner_kernel == "compiled" and len(err) == 1 and "compiled=True is now learner_kernel=compiled" in err[0]
+    assert make_config("dqn", "CartPole-v1", parse_sets(["cuda_graph=false"])).system.learner_kernel == "auto"
+    # the flat keys' checks name the key as the user writes it
+    with pytest.raises(UsageError, match="atari_frame_skip must be positive"):
+        make_config("dqn", "ALE/Pong-v5", {"atari_frame_skip": 0})
+    with pytest.raises(UsageError, match="unknown setting 'thread'.*'threads'"):
+        make_config("dqn", "CartPole-v1", {"thread": 1})
+    with pytest.raises(UsageError, match="threads=.*not an integer"):
+        make_config("dqn", "CartPole-v1", {"threads": "two"})
+    import pickle   # a Config pickles with its groups: local actors and Ray workers get it
+
+    assert pickle.loads(pickle.dumps(c)) == c
+
+
+def test_hetrl_config_imports_no_torch():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, hetrl.config; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

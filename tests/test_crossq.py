@@ -224,14 +224,19 @@ def test_presets_are_sbx_and_zoo():
 
 
 def test_discrete_actions_are_refused():
-    with pytest.raises(UsageError, match="use dqn"):
+    with pytest.raises(UsageError, match="use (.*, )?dqn"):
         hetrl.train("crossq", "CartPole-v1", plan="none", steps=10, progress=False)
 
 
 @pytest.mark.slow
-def test_learns_pendulum_on_a_small_budget():
-    """Small networks and batches, a high learning rate, 3k env steps (seed 0 passes -130 by 2k here); the preset's
-    20k on seeds 0-2 is in docs/extending.md. A random policy scores about -1200."""
-    run = hetrl.train("crossq", "Pendulum-v1", steps=3000, learning_starts=500, net_arch=[64, 64], qf_arch=[64, 64],
-                      batch_size=64, lr=3e-3, eval_episodes=5, threads=1, seed=0, plan="none", progress=False)
-    assert run.result["eval_return_mean"] > -400
+@pytest.mark.timeout(900)   # three members: about a minute of CPU, several on a machine other jobs load
+def test_learns_pendulum_on_a_small_budget(tmp_path):
+    """Small networks and batches, a high learning rate, 3k env steps, three seeds trained as one population and
+    judged by their median: one seed's trajectory changes with the CPU's GEMM rounding (seed 0 scores -591 on one
+    AMD EPYC where seeds 1-3 score -150, -122 and -123), the median of three does not hang on one of them. The
+    preset's 20k on seeds 0-2 is in docs/extending.md. A random policy scores about -1200."""
+    pop = hetrl.train("crossq", "Pendulum-v1", seeds=3, out=tmp_path / "pop", steps=3000, learning_starts=500,
+                      net_arch=[64, 64], qf_arch=[64, 64], batch_size=64, lr=3e-3, eval_episodes=5, threads=1,
+                      plan="none", progress=False)
+    returns = sorted(r.result["eval_return_mean"] for r in pop.runs)
+    assert len(returns) == 3 and returns[1] > -400, returns

@@ -146,7 +146,7 @@ def test_each_optimisation_can_be_switched_off(local, switch):
 
 
 def test_without_rate_limit_the_run_ends_with_the_data(local):
-    run = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**local, "rate_limit": False})
+    run = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**local, "rate_limit": False, "reproducible": False})
     assert run.result["env_steps"] == 600 and run.result["gradient_steps"] > 0
 
 
@@ -254,7 +254,7 @@ def check_trace(s):
 
 
 def test_rate_limiter_holds_the_ratio_under_a_slow_learner(local):
-    cfg = cfg_of({**local, "steps": 1600, "rate_tolerance": 100})
+    cfg = cfg_of({**local, "steps": 1600, "rate_tolerance": 100, "reproducible": False})   # the timed mode's limiter
     run = Run(cfg, "CartPole-v1")
     s = run.schedule
     s.trace = []
@@ -276,7 +276,7 @@ def test_rate_limiter_holds_the_ratio_under_a_slow_learner(local):
 
 
 def test_rate_limiter_holds_the_ratio_under_a_slow_actor(local):
-    cfg = cfg_of({**local, "steps": 1000, "rate_tolerance": 100})
+    cfg = cfg_of({**local, "steps": 1000, "rate_tolerance": 100, "reproducible": False})
     run = Run(cfg, slow_cartpole)
     s = run.schedule
     s.trace = []
@@ -301,7 +301,7 @@ def test_rate_tolerance_too_small_is_a_usage_error(local):
 def test_policy_lag_stays_within_its_bound(local):
     """Two actors, the tightest bound allowed: no chunk arrives with parameters older than the bound,
     and the run still finishes with the preset's replay ratio."""
-    two = {**local, "actors": 2, "envs_per_actor": 2, "steps": 1600}
+    two = {**local, "actors": 2, "envs_per_actor": 2, "steps": 1600, "reproducible": False}   # the timed mode's bound
     lay = layout(cfg_of(two))
     least = lay.publish_every + lay.group
     assert lay.max_lag > least   # auto leaves room for one actor's double buffer
@@ -374,3 +374,29 @@ def test_a_run_stops_at_exactly_the_env_steps_asked_for(tiny, schedule, n_step):
     assert run.result["env_steps"] == 590
     if n_step == 1:  # one transition per env step
         assert len(run.schedule.replay) == 590
+
+
+def test_the_same_seed_gives_the_same_run_whatever_the_timing(local):
+    """Reproducible (the default): the local schedule runs in phases, the actors one phase behind the learner and
+    the learner sampling the replay as it stood at a phase boundary, so two runs of one seed give the same
+    parameters and evaluations, however the processes were scheduled; a slowed learner changes nothing."""
+    def params(run):
+        return torch.cat([p.detach().flatten() for p in run.algo.q.parameters()])
+
+    kw = dict(local, steps=1600, actors=2, envs_per_actor=2, eval_episodes=2, eval_interval=400, seed=5)
+    a = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **kw)
+    cfg = cfg_of(kw)
+    b = Run(cfg, "CartPole-v1")
+    learn = b.schedule.core.kernel.learn
+
+    def slow(stack, weights):   # another timing: the learner takes longer than the actors
+        time.sleep(0.01)
+        return learn(stack, weights)
+
+    b.schedule.core.kernel.learn = slow
+    b.learn(progress=False)
+    assert a.result["reproducible"] is True and b.result["reproducible"] is True
+    assert torch.equal(params(a), params(b)) and a.result["gradient_steps"] == b.result["gradient_steps"]
+    assert a.result["evaluations"] == b.evaluations.history and len(b.evaluations.history) >= 4
+    timed = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**kw, "reproducible": False})
+    assert timed.result["reproducible"] is False

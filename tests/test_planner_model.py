@@ -235,7 +235,7 @@ def test_pins_from_hand_set_settings_and_apply():
     r = plan(cfg, profile=synthetic_table(env="CartPole-v1", env_step_s=2e-3), schedules=BOTH, cores=4,
              pins=pins_from_settings({"actors": 2}))
     new = r.apply(cfg)
-    assert (new.schedule, new.actors, new.envs_per_actor, new.num_envs, new.lr) == ("local", 2, 2, 4, 1e-3)
+    assert (new.system.schedule, new.system.actors, new.system.envs_per_actor, new.num_envs, new.lr) == ("local", 2, 2, 4, 1e-3)
 
 
 def test_fewer_cores_on_a_shared_machine():

@@ -89,7 +89,7 @@ def test_a_users_algorithm_gets_the_generic_class_or_the_one_its_sb3_attribute_d
 
     from hetrl import registry
     from hetrl.sb3 import model_class
-    from hetrl.sb3compat import SB3Compat
+    from hetrl.sb3 import SB3Compat
 
     cls = hetrl.TWINQ
     assert cls is model_class("twinq") and cls.__name__ == "TWINQ"
@@ -287,7 +287,7 @@ def test_sb3_vec_env():
     m = DQN("MlpPolicy", venv, **FAST_DQN).learn(200)
     assert m.get_env() is venv and m.n_envs == 2 and m.num_timesteps == 200
     assert DQN("MlpPolicy", VecFrameStack(venv, 3)).hetrl_settings["frame_stack"] == 3
-    with pytest.raises(UsageError, match="VecNormalize is not supported"):
+    with pytest.raises(UsageError, match="VecNormalize env, but hetrl.s DQN does not normalise"):
         DQN("MlpPolicy", VecNormalize(venv))
 
 

@@ -38,8 +38,8 @@ def test_the_learner_drops_to_one_thread_while_other_work_runs_and_returns_after
         assert g.tick() == 1                    # one calm reading is not enough
         r.advance(1.0, ours=1.0, others=0.0)
         assert g.tick() == 2 and torch.get_num_threads() == 2   # it left: back to the plan
-        assert g.figures() == {"learner_threads_planned": 2, "learner_threads_min": 1, "learner_thread_changes": 2,
-                               "learner_threads_mostly": 2}
+        assert g.figures() == {"threads": 2, "learner_threads_follow_load": True, "learner_threads_planned": 2,
+                               "learner_threads_min": 1, "learner_thread_changes": 2, "learner_threads_mostly": 2}
     finally:
         torch.set_num_threads(before)
 
@@ -60,6 +60,30 @@ def test_learner_time_is_kept_per_thread_count_for_the_calibration():
         assert g.mostly() == (1, pytest.approx(2.4), 30) and g.figures()["learner_threads_mostly"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_kernel_whose_results_follow_the_thread_count_keeps_its_threads_under_load():
+    """Changing the count mid-run would change what is learned (torch's GEMM reductions follow the threads): the
+    governor leaves such a learner alone, and the planner's correction cannot replan it."""
+    r, applied = Readings(), []
+    g = ThreadGovernor(planned=2, interval_s=1.0, cores=2, read=r, apply=applied.append, exact=False)
+    r.advance(1.1, ours=1.0, others=1.0)
+    assert g.tick() == 2 and applied == [] and not g.active
+    with pytest.raises(RuntimeError, match="depend on its thread count"):
+        g.replan(1)
+    assert g.figures()["learner_threads_follow_load"] is False and g.figures()["learner_thread_changes"] == 0
+
+
+def test_replan_moves_the_planned_count_and_the_governor_follows_load_around_it():
+    r, applied = Readings(), []
+    g = ThreadGovernor(planned=1, interval_s=1.0, cores=2, read=r, apply=applied.append)
+    assert not g.active                        # one thread: nothing to give up
+    g.replan(2)                                # the planner's correction tries two
+    assert (g.threads, g.planned, applied) == (2, 2, [2]) and g.active
+    r.advance(1.1, ours=1.0, others=1.0)
+    assert g.tick() == 1 and applied == [2, 1]   # a neighbour took a core: down, as for a planned 2
+    g.replan(1)                                # the correction keeps one: nothing to apply
+    assert applied == [2, 1] and g.figures()["threads"] == 1
 
 
 def test_a_one_thread_learner_is_left_alone_and_proc_stat_is_read():

@@ -1,4 +1,4 @@
-"""rl-baselines3-zoo hyperparameter files (hetrl/zoo.py) on entries of the zoo's own dqn/sac/td3.yml
+"""rl-baselines3-zoo hyperparameter files (hetrl/sb3/zoo.py) on entries of the zoo's own dqn/sac/td3.yml
 (tests/data/zoo/, their source noted there): mapped as SB3 reads them, or refused with the entry named."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import hetrl
-from hetrl import zoo
+from hetrl.sb3 import zoo
 from hetrl.cli import main
 from hetrl.errors import UsageError
 

@@ -167,6 +167,34 @@ class Actor:
             if self.groups > 1:
                 self.episode_envs.append(int(i))
 
+    # ---- state (exact resume) -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything that makes this actor's next steps what they would be had the run never stopped: the vector
+        env (each env's state and its np_random), the observations in hand, the episodes' running returns, the
+        n-step writer's pending transitions and the acting policy (its RNG, its noise state), as one cloudpickle
+        (gymnasium's own dependency; it pickles the vector env's env factories). {"unsaved": why} where the vector
+        env cannot be pickled (an EnvPool vector, an env holding a handle to a simulator process)."""
+        import cloudpickle
+
+        try:
+            blob = cloudpickle.dumps((self.venv, self.obs, self.env_steps, self._ep_return, self._ep_len, self.adder,
+                                      self.policy, self.params_version))
+        except Exception as e:   # any failure of the env's own pickling: the resumed run restarts its episodes
+            return {"unsaved": f"{type(self.venv).__name__} of {self.num_envs} envs cannot be pickled "
+                               f"({type(e).__name__}: {str(e)[:120]})"}
+        return {"pickle": blob}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state_dict() of an actor of the same env and env count."""
+        import pickle
+
+        venv, obs, steps, ep_return, ep_len, adder, policy, version = pickle.loads(state["pickle"])
+        if getattr(venv, "num_envs", self.num_envs) != self.num_envs:
+            raise ValueError(f"the saved actor stepped {venv.num_envs} envs, this one {self.num_envs}")
+        self.venv.close()
+        self.venv, self.obs, self.env_steps, self._ep_return, self._ep_len = venv, obs, steps, ep_return, ep_len
+        self.adder, self.policy, self.params_version = adder, policy, version
+
     def drain_episodes(self) -> list[tuple[float, int]]:
         eps, self.episodes = self.episodes, []
         self.episode_envs = []

@@ -11,7 +11,7 @@ For every ALE id (`ALE/*-v5`, `*NoFrameskip-v4`; see `hetrl.config.atari_id`) he
     TransformReward(np.sign)                 # training only: rewards clipped to -1, 0, 1
     FrameStackObservation(4, padding="zero") # in envs.py, for any env (SB3's VecFrameStack pads with zeros)
 
-Every part has a switch (Config.atari_*, frame_stack). An evaluation env is the training env without
+Every part has a switch (AtariOptions: cfg.atari, set as atari_*; frame_stack). An evaluation env is the training env without
 the reward clipping and with whole games as episodes: a lost life does not end the episode, the game
 goes on after the same no-op and FIRE steps that training's reset takes (as SB3's evaluation, whose
 Monitor reports the raw score of the game played through the training wrappers).
@@ -32,23 +32,47 @@ import numpy as np
 from hetrl.errors import UsageError
 
 
+def atari_id(env: str) -> bool:
+    """Whether `env` names an Atari game of the ALE with screen observations (ALE/Pong-v5,
+    PongNoFrameskip-v4; not the -ram ids): hetrl preprocesses them (this module) and gives them the
+    `atari` preset."""
+    base_id = env.split(":")[-1]
+    return (base_id.startswith("ALE/") or base_id.endswith("NoFrameskip-v4")) and "-ram" not in base_id
+
+
 @dataclass(frozen=True)
 class AtariOptions:
-    """The preprocessing switches (Config.atari_*); picklable."""
+    """The preprocessing switches: a run's `cfg.atari` (its flat keys are atari_ + the field's name:
+    --set atari_noop_max=0); used for ALE ids only; picklable."""
 
-    noop_max: int = 30
-    frame_skip: int = 4
-    screen_size: int = 84
-    episodic_life: bool = True
-    fire_reset: bool = True
-    clip_reward: bool = True
-    repeat_action_probability: float | None = None   # None: the id's own default (0.25 for v5 ids)
+    noop_max: int = 30                  # up to this many no-op steps at reset (0: none)
+    frame_skip: int = 4                 # agent steps every K frames, max-pooling the last 2 (1: no skip)
+    screen_size: int = 84               # frames resized to NxN grayscale
+    episodic_life: bool = True          # training: a lost life ends the episode (the game goes on)
+    fire_reset: bool = True             # press FIRE after a reset, in games that wait for it
+    clip_reward: bool = True            # training: rewards clipped to their sign (evaluation: the raw score)
+    sticky_actions: str = "auto"        # repeat_action_probability: auto = the id's default (0.25 for v5), or a number
 
-    @classmethod
-    def from_config(cls, cfg) -> "AtariOptions":
-        p = cfg.atari_sticky_actions
-        return cls(cfg.atari_noop_max, cfg.atari_frame_skip, cfg.atari_screen_size, cfg.atari_episodic_life,
-                   cfg.atari_fire_reset, cfg.atari_clip_reward, None if p == "auto" else float(p))
+    @property
+    def repeat_action_probability(self) -> float | None:
+        """ALE's repeat_action_probability; None: the id's own default (0.25 for v5 ids)."""
+        return None if self.sticky_actions == "auto" else float(self.sticky_actions)
+
+    def validate(self) -> None:
+        """The switches' own checks (UsageError naming the setting by its flat key)."""
+        for name in ("frame_skip", "screen_size"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"atari_{name} must be positive, got {getattr(self, name)}")
+        if self.noop_max < 0:
+            raise UsageError(f"atari_noop_max must be >= 0, got {self.noop_max}")
+        p = self.sticky_actions
+        try:
+            ok = p == "auto" or 0.0 <= float(p) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"atari_sticky_actions={p!r} is not auto or a number in [0, 1]; "
+                             "e.g. --set atari_sticky_actions=0.25")
 
 
 def register() -> None:

@@ -22,8 +22,7 @@ from typing import Callable, Optional, Union
 import gymnasium as gym
 import numpy as np
 
-from hetrl.actors.atari import AtariOptions
-from hetrl.config import atari_id
+from hetrl.actors.atari import AtariOptions, atari_id
 from hetrl.errors import UsageError
 
 EnvSpec = Union[str, Callable[[], gym.Env]]
@@ -75,7 +74,7 @@ def prepare_env(env: EnvSpec, cfg, train: bool = True) -> EnvSpec:
     applies, else a :class:`Prepared` factory."""
     if isinstance(env, Prepared):
         env = env.env
-    atari = AtariOptions.from_config(cfg) if isinstance(env, str) and atari_id(env) else None
+    atari = cfg.atari if isinstance(env, str) and atari_id(env) else None
     if atari is None and cfg.frame_stack <= 1:
         return env
     return Prepared(env, atari, cfg.frame_stack, train)

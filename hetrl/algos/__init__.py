@@ -8,7 +8,8 @@ import gymnasium as gym
 from hetrl.registry import register_algorithm
 
 # "module:Class" targets: a class is imported (with torch) only when a run asks for it
-for _name, _cls in (("dqn", "DQN"), ("ddpg", "DDPG"), ("td3", "TD3"), ("sac", "SAC"), ("crossq", "CrossQ")):
+for _name, _cls in (("dqn", "DQN"), ("ddpg", "DDPG"), ("td3", "TD3"), ("sac", "SAC"), ("crossq", "CrossQ"),
+                   ("ppo", "PPO"), ("a2c", "A2C")):
     register_algorithm(_name, f"hetrl.algos.{_name}:{_cls}", presets=("hetrl.algos", f"{_name}.yaml"))
 
 
@@ -26,3 +27,15 @@ def replay_spec(cfg, obs_space: gym.Space, act_space: gym.Space) -> dict:
     from hetrl import registry
 
     return registry.get(cfg.algo).replay_fields(obs_space, act_space)
+
+
+def learn_spec(cfg, obs_space: gym.Space, act_space: gym.Space) -> dict:
+    """The fields of one row of cfg.algo's `learn` batches: its stored transitions (off-policy), or its
+    `learn_fields` (on-policy: obs, action, value, log_prob, advantage, return). Kernels are checked and the
+    planner's profile times `learn` on synthetic batches of these."""
+    from hetrl import registry
+
+    cls = registry.get(cfg.algo)
+    if getattr(cls, "storage", "replay") == "rollout":
+        return cls.learn_fields(obs_space, act_space)
+    return cls.replay_fields(obs_space, act_space)

@@ -59,7 +59,6 @@ from hetrl.algos.nets import FlatAdam, live_state
 from hetrl.algos.sac import SACPolicy, parse_coef, squash
 from hetrl.config import Config, check_ent_coef
 from hetrl.errors import UsageError
-from hetrl.sb3compat import ACTOR_CRITIC, SDE, TAIL, SB3Compat
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
@@ -205,14 +204,6 @@ class CrossQ(Algorithm):
     nets, optims = ("actor", "critics"), ("actor_opt", "critic_opt")
     shape_settings = ("batch_norm_actor",)
     schedule_settings = ("policy_delay",)
-    # SB3-contrib's CrossQ: its constructor (no tau: no target networks) and policy defaults; SB3 has no policy
-    # file layout for batch renormalisation, so model.policy.save() is refused (hetrl/sb3compat.py)
-    sb3 = SB3Compat(
-        class_name="CrossQ",
-        defaults=dict(learning_rate=1e-3, **{k: v for k, v in ACTOR_CRITIC.items() if k != "tau"}, ent_coef="auto",
-                      target_entropy="auto", policy_delay=3, **SDE, **TAIL),
-        net_arch={"pi": [256, 256], "qf": [1024, 1024]}, n_critics=2, policy_aliases=("CrossQPolicy",),
-        sde_kwargs=True, optimizer_kwargs=({"betas": (0.5, 0.999)},))
 
     def __init__(self, cfg: CrossQConfig, obs_space: gym.Space, act_space: gym.Space,
                  device: str | torch.device = "cpu"):

@@ -21,7 +21,6 @@ from hetrl.algorithm import Algorithm
 from hetrl.algos.nets import FlatAdam, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config
 from hetrl.errors import UsageError
-from hetrl.sb3compat import ACTOR_CRITIC, TAIL, SB3Compat
 
 
 @dataclass
@@ -149,15 +148,6 @@ class NoisyActing(Algorithm):
 class DDPG(NoisyActing):
     Settings = DDPGConfig
     nets, optims = ("actor", "actor_target", "critic", "critic_target"), ("actor_opt", "critic_opt")
-    # SB3's DDPG (TD3's policy with one critic; hetrl/sb3compat.py)
-    sb3 = SB3Compat(
-        class_name="DDPG",
-        defaults=dict(learning_rate=1e-3, **ACTOR_CRITIC, **{k: v for k, v in TAIL.items() if k != "stats_window_size"}),
-        net_arch=[400, 300], cnn_net_arch=[256, 256], n_critics=1, policy_aliases=("TD3Policy",),
-        policy_classes={"MlpPolicy": "stable_baselines3.td3.policies:MlpPolicy"},
-        policy_nets=("actor", "actor_target", "critic", "critic_target"),
-        renames=((r"^actor\.mu\.", "actor.mu."), (r"^actor_target\.mu\.", "actor_target.mu."),
-                 (r"^critic\.q\.", "critic.qf0."), (r"^critic_target\.q\.", "critic_target.qf0.")))
 
     def __init__(self, cfg: DDPGConfig, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
         super().__init__(cfg, obs_space, act_space, device)

@@ -22,7 +22,6 @@ from hetrl.algorithm import Algorithm, is_image
 from hetrl.algos.nets import FlatAdam, NatureCNN, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config
 from hetrl.errors import UsageError
-from hetrl.sb3compat import REPLAY, TAIL, SB3Compat
 
 
 @dataclass
@@ -122,21 +121,6 @@ class DQN(Algorithm):
     nets, optims = ("q", "q_target"), ("opt",)          # what a checkpoint holds
     shape_settings = ("dueling", "double")
     schedule_settings = ("target_update_interval",)
-    # SB3's DQN: its constructor, policies and policy file (hetrl/sb3compat.py)
-    sb3 = SB3Compat(
-        class_name="DQN",
-        defaults=dict(learning_rate=1e-4, buffer_size=1_000_000, learning_starts=100, batch_size=32, tau=1.0,
-                      gamma=0.99, train_freq=4, gradient_steps=1, **REPLAY, target_update_interval=10_000,
-                      exploration_fraction=0.1, exploration_initial_eps=1.0, exploration_final_eps=0.05,
-                      max_grad_norm=10.0, **TAIL),
-        net_arch=[64, 64], cnn_net_arch=[], policy_aliases=("DQNPolicy",), net_arch_dict=False,
-        policy_classes={"MlpPolicy": "stable_baselines3.dqn.policies:MlpPolicy",
-                        "CnnPolicy": "stable_baselines3.dqn.policies:CnnPolicy"},
-        policy_nets=("q", "q_target"),
-        renames=((r"^q\.q\.", "q_net.q_net."), (r"^q\.features\.", "q_net.features_extractor."),
-                 (r"^q_target\.q\.", "q_net_target.q_net."),
-                 (r"^q_target\.features\.", "q_net_target.features_extractor.")),
-        logs_exploration_rate=True)
 
     def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
         super().__init__(cfg, obs_space, act_space, device)

@@ -214,8 +214,9 @@ class FlatAdam:
         """Backpropagate `loss` into this module's gradients and take an Adam step."""
         self.grad.zero_()
         loss.backward(inputs=self.params)  # only this module's grads (not the critic's in an actor loss)
-        if self.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([self.param], self.max_grad_norm)
+        if self.max_grad_norm > 0:   # clip_grad_norm_'s formula, on the one flat gradient (without its per-tensor grouping)
+            norm = torch.linalg.vector_norm(self.grad)
+            self.grad.mul_(torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
         self.opt.step()
 
     def state_dict(self) -> dict:

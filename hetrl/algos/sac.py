@@ -35,7 +35,6 @@ from hetrl.algorithm import Algorithm
 from hetrl.algos.ddpg import Critic
 from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN, FlatAdam, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config, check_ent_coef
-from hetrl.sb3compat import ACTOR_CRITIC, SDE, TAIL, SB3Compat
 
 
 @dataclass
@@ -139,17 +138,6 @@ class SAC(Algorithm):
     Settings = SACConfig
     action_spaces = (gym.spaces.Box,)
     nets, optims = ("actor", "critics", "critics_target"), ("actor_opt", "critic_opt")
-    # SB3's SAC (hetrl/sb3compat.py)
-    sb3 = SB3Compat(
-        class_name="SAC",
-        defaults=dict(learning_rate=3e-4, **ACTOR_CRITIC, ent_coef="auto", target_update_interval=1,
-                      target_entropy="auto", **SDE, **TAIL),
-        net_arch=[256, 256], n_critics=2, policy_aliases=("SACPolicy",), sde_kwargs=True,
-        policy_classes={"MlpPolicy": "stable_baselines3.sac.policies:MlpPolicy"},
-        policy_nets=("actor", "critics", "critics_target"),
-        renames=((r"^actor\.body\.", "actor.latent_pi."), (r"^actor\.mean\.", "actor.mu."),
-                 (r"^actor\.log_std\.", "actor.log_std."), (r"^critics\.(\d+)\.q\.", r"critic.qf\1."),
-                 (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1.")))
 
     def __init__(self, cfg: SACConfig, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
         super().__init__(cfg, obs_space, act_space, device)

@@ -24,7 +24,6 @@ from torch import nn
 from hetrl.algos.ddpg import DDPGConfig, NoisyActing
 from hetrl.algos.nets import FlatAdam, flatten, soft_update
 from hetrl.errors import UsageError
-from hetrl.sb3compat import ACTOR_CRITIC, TAIL, SB3Compat
 
 
 @dataclass
@@ -47,16 +46,6 @@ class TD3(NoisyActing):  # acting: DDPG's, mu(s) plus Gaussian noise
     Settings = TD3Config
     nets, optims = ("actor", "actor_target", "critics", "critics_target"), ("actor_opt", "critic_opt")
     schedule_settings = ("policy_delay",)
-    # SB3's TD3 (hetrl/sb3compat.py)
-    sb3 = SB3Compat(
-        class_name="TD3",
-        defaults=dict(learning_rate=1e-3, **ACTOR_CRITIC, policy_delay=2, target_policy_noise=0.2,
-                      target_noise_clip=0.5, **TAIL),
-        net_arch=[400, 300], cnn_net_arch=[256, 256], n_critics=2, policy_aliases=("TD3Policy",),
-        policy_classes={"MlpPolicy": "stable_baselines3.td3.policies:MlpPolicy"},
-        policy_nets=("actor", "actor_target", "critics", "critics_target"),
-        renames=((r"^actor\.mu\.", "actor.mu."), (r"^actor_target\.mu\.", "actor_target.mu."),
-                 (r"^critics\.(\d+)\.q\.", r"critic.qf\1."), (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1.")))
 
     def __init__(self, cfg: TD3Config, obs_space: gym.Space, act_space: gym.Space, device: str | torch.device = "cpu"):
         super().__init__(cfg, obs_space, act_space, device)

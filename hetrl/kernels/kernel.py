@@ -17,6 +17,10 @@ import torch
 class Kernel:
     name = "?"
     releases_gil = False     # its learn runs without Python's GIL (a population's members then learn side by side)
+    # its results are bit-identical whatever the learner's thread count: only then may a run change the count
+    # mid-run (the thread governor under load, the planner's run-time correction, hetrl/planner/follow.py); a
+    # kernel whose reductions follow the threads (torch's MKL / OpenMP GEMMs) keeps the count it starts with
+    threads_exact = False
 
     def __init__(self, algo, **options):
         self.algo = algo

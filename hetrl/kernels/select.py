@@ -305,7 +305,7 @@ def shape_key(cfg, obs_space, act_space, device, steps: int) -> str:
     cls = registry.get(cfg.algo)
     keys = sorted(set(type(cfg).SHAPE_SETTINGS) | set(getattr(cls, "shape_settings", ())))
     act = f"d{act_space.n}" if hasattr(act_space, "n") else f"b{list(act_space.shape)}"
-    values = ",".join(f"{k}={getattr(cfg, k)}" for k in keys if hasattr(cfg, k))
+    values = ",".join(f"{k}={cfg.get(k)}" for k in keys)
     return f"{cfg.algo}|obs{list(obs_space.shape)}|{act}|{values}|{torch.device(device)}|K{steps}|t{torch.get_num_threads()}"
 
 
@@ -363,9 +363,9 @@ def _update_cache(change: Callable[[dict], Any]) -> None:
 
 def choose(cfg, make_algo: Callable[[], Any], obs_space, act_space, spec: dict, device, steps: int,
            algo=None, saved: dict | None = None, refresh: bool = False) -> Choice:
-    """The kernel for a run: pinned by `cfg.learner_kernel`, else the checkpoint's (`saved`), else this
+    """The kernel for a run: pinned by `cfg.system.learner_kernel`, else the checkpoint's (`saved`), else this
     machine's cached choice for the learner's shape, else `select` now (and cache it)."""
-    name = cfg.learner_kernel
+    name = cfg.system.learner_kernel
     probe = algo if algo is not None else None
     if name != "auto":
         cls = kernel_class(name)

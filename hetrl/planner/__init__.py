@@ -9,7 +9,8 @@
 
 Parts: profile/ (measure, one module per part of the protocol, + the cached table), model.py (the formulas), search.py (candidates, objective,
 pins), power.py (RAPL / NVML / estimated watts), explain.py (tables), cli.py (`hetrl profile`,
-`hetrl plan`).
+`hetrl plan`), load.py (the machine's foreign load: entries measured under it are provisional), follow.py
+(a run's measured rate held against its plan, the next-best thread count tried at a phase boundary).
 """
 
 from __future__ import annotations
@@ -47,12 +48,40 @@ def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None =
         from hetrl.planner.profile import load_or_profile
 
         profile = load_or_profile(cfg, refresh=refresh, quick=quick, progress=progress, env=env)
+    fixed = _threads_fixed_now(profile)
     if cores == "auto":
         from hetrl.planner.load import available_cores
 
         cores = round(available_cores(), 2)
-    return search(profile, Workload.from_config(cfg, allow_more_envs), objective, pins, cores, schedules, placement,
-                  top, preset_envs=cfg.num_envs)
+    result = search(profile, Workload.from_config(cfg, allow_more_envs), objective, pins, cores, schedules, placement,
+                    top, preset_envs=cfg.num_envs)
+    if fixed:
+        result.notes.insert(0, fixed)
+    return result
+
+
+def _threads_fixed_now(table) -> str | None:
+    """Where the machine is busy now (the provisional entries could not be measured again) and the CPU learner's
+    kernel gives results that depend on its thread count (so a run keeps the threads it starts with): price the
+    provisional learner figures as they were measured, under load, which is the machine a run started now
+    meets; returns the note that says so (None: the model prices them by the quiet machine's thread scaling)."""
+    load = getattr(table, "load_now", None)
+    threads = table.provisional_threads("cpu") if "cpu" in table.devices else []
+    if load is None or not load.busy or not threads:
+        return None
+    from hetrl.kernels import Choice, kernel_class
+
+    choice = (table.data.get("learner_kernel") or {}).get("cpu")
+    try:
+        exact = kernel_class(Choice.from_json(choice).name if choice else "public").threads_exact
+    except (KeyError, ValueError):
+        exact = False
+    if exact:
+        return None
+    table.as_measured = True
+    return (f"the machine is busy now ({load.why()}) and the learner kernel's results depend on its thread count, so "
+            f"a run keeps the threads it starts with: the {', '.join(map(str, threads))}-thread learner figures are "
+            "priced as measured under load")
 
 
 __all__ = ["plan", "Plan", "PlanResult", "Prediction", "Workload", "predict", "parse_pins", "pins_from_settings",

@@ -68,6 +68,10 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     if prof.get("path"):
         how = "cached" if prof.get("from_cache") else f"measured now in {prof.get('profile_s')} s"
         con.print(f"profile: {prof['path']} ({how}, {prof.get('created')})")
+    for r in prof.get("remeasured") or []:
+        con.print(f"profile: {r['entries']} provisional entries measured again now (the machine was quiet); "
+                  f"{r['provisional']} still provisional")
+    _provisional(con, result.provisional)
 
     t = Table(title="chosen plan", show_header=False, title_justify="left", box=None, padding=(0, 2))
     t.add_column(style="bold")
@@ -129,6 +133,16 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
             con.print(f"[dim]note: {note}[/]")
 
 
+def _provisional(con: Console, entries: list[dict]) -> None:
+    """The provisional entries of a profile, a line each: which, and why it is not the machine's truth."""
+    if not entries:
+        return
+    con.print(f"[bold]provisional profile entries[/] ({len(entries)}; not the machine's truth, measured again when it "
+              "is next quiet):", soft_wrap=True)
+    for e in entries:
+        con.print(f"  {e['name']}: {e['why']}", soft_wrap=True, highlight=False)
+
+
 def render_profile(table: ProfileTable, console: Console | None = None) -> None:
     con = console or Console()
     d = table.data
@@ -147,6 +161,9 @@ def render_profile(table: ProfileTable, console: Console | None = None) -> None:
     for row in table.summary_rows():
         t.add_row(*row)
     con.print(t)
+    from hetrl.planner.profile.table import entry_name
+
+    _provisional(con, [{"name": entry_name(path), "why": why} for path, why in table.provisional_entries()])
     pw = Table(title="power", title_justify="left")
     for col in ("device", "idle W", "busy W", "source", "note"):
         pw.add_column(col)

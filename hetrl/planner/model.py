@@ -17,7 +17,10 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     a  = act(w, inference device) / w                        actor time per env step (one core)
     i  = [ds_insert(DS, n) + x(cpu->DS, n b) + p rm_insert(RM, n) (+ ipc message, local)] / n
     s  = [rm_sample(RM, kB) + x(RM->DS, 8kB) + ds_gather(DS, kB) + x(DS->L, kB b) + x(RM->L, 4kB)] / k
-    l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1)
+    l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1); what a run
+                            of this workload measured at t threads under this schedule where one did
+                            (measured in a run, follow.py), a t > 1 figure measured under load priced as
+                            the 1-thread one x the quiet machine's thread scaling
     u  = p [x(L->RM, 4B) + rm_update(RM, B)]
     y  = param_sync(L) / (gradient steps per publish)
     g  = s + l + u + y               main process, wall time per gradient step
@@ -32,7 +35,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
 
     inline:   X = 1 / (a + m)                                 one process alternates
     local:    X = min(N / a,  1 / m,  C_eff / (a + mc))       actors | learner | shared cores
-    lockstep: X = min(1 / (a / min(N, C_eff) + m),  C_eff / (a + mc))    (local, overlap=false)
+    lockstep: X = min(1 / (a / min(N, C_eff) + m),  C_eff / (a + mc))    (local, overlap=false; on-policy:
+              each rollout of train_freq env steps, n = its share per actor, then its gradient_steps, k = its
+              minibatches per call, GROUP_MAX at most)
               C_eff = C / (1 + KAPPA max(0, N + t - P) / P)   oversubscription costs context switches
               l x (1 + (SPIN - 1) rho) when t > 1 and N + t > P: a multi-threaded learner whose
               OpenMP threads share cores with actor processes waits at its barriers for a thread
@@ -57,7 +62,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from hetrl.planner.profile import ProfileTable
-from hetrl.runtime.layout import chunk_size, grads_per_phase, group_size, prefetch_fits
+from hetrl.runtime.layout import GROUP_MAX, chunk_size, grads_per_phase, group_size, learns_rollouts, prefetch_fits
 
 SCHEDULES = ("inline", "local")
 KAPPA = 0.15                 # slow-down per oversubscribed runnable thread (as a share of C)
@@ -152,14 +157,19 @@ class Workload:
     batched_insert: bool = True
     num_envs: int = 0                # envs in all, owned by the preset (0: the planner may choose them)
     priority_lag: int = 0            # prioritized: batches drawn before earlier ones' priorities are written
+    # on-policy: a phase is one rollout (train_freq env steps, every actor its share) learned in groups of
+    # train_freq // batch_size minibatches, with the actors waiting (lockstep, no prefetch); the rollout's size
+    # is num_envs x n_steps, so the env count stays the preset's
+    rollout: bool = False
 
     @classmethod
     def from_config(cls, cfg, allow_more_envs: bool = False) -> "Workload":
+        rollout = learns_rollouts(cfg)
         return cls(float(cfg.replay_ratio), int(cfg.batch_size), bool(cfg.prioritized), int(cfg.train_freq),
-                   grads_per_phase(cfg), int(cfg.publish_interval), bool(getattr(cfg, "overlap", True)),
-                   bool(getattr(cfg, "prefetch", True)), int(getattr(cfg, "insert_chunk", 0)),
-                   bool(getattr(cfg, "batched_insert", True)), 0 if allow_more_envs else int(cfg.num_envs),
-                   int(getattr(cfg, "priority_lag", 0)))
+                   grads_per_phase(cfg), int(cfg.system.publish_interval), bool(cfg.system.overlap) and not rollout,
+                   bool(cfg.system.prefetch) and not rollout, int(cfg.system.insert_chunk),
+                   bool(cfg.system.batched_insert), 0 if allow_more_envs and not rollout else int(cfg.num_envs),
+                   int(cfg.priority_lag), rollout)
 
 
 @dataclass
@@ -194,11 +204,15 @@ def _chunk(plan: Plan, work: Workload) -> int:
     w, N = plan.envs_per_actor, plan.actors
     if plan.schedule == "inline":
         return max(w, w * math.ceil(work.train_freq / w))
+    if work.rollout:   # each actor's share of a rollout
+        return max(w, work.train_freq // N)
     return chunk_size(work.train_freq, N, w, work.batched_insert, work.insert_chunk)
 
 
 def learner_group(plan: Plan, work: Workload) -> int:
     """Gradient steps per learner call under the plan (as the schedules group them)."""
+    if work.rollout:   # a phase's minibatches, GROUP_MAX a call at most (the learner core's rollout phase)
+        return max(1, min(work.grads_per_phase, GROUP_MAX))
     if plan.schedule == "inline" and not work.prioritized:
         return work.grads_per_phase
     return group_size(work.grads_per_phase, work.prioritized, work.priority_lag)
@@ -255,7 +269,8 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     gather = T.op("ds_gather", DS, kg * B)
     x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
     s = (keys + x_keys + gather + x_batch) / kg
-    l = T.learn_step(L, B, plan.threads, kg) * spin
+    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, else profiled
+    l = float(ran["s"]) if ran is not None else T.learn_step(L, B, plan.threads, kg) * spin
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
     t_learn = plan.threads if L == "cpu" else 1
@@ -335,8 +350,8 @@ def bottleneck_words(pred: Prediction, cores: float) -> str:
         return (f"actor-bound: {p.actors} actor(s) x {p.envs_per_actor} envs step at most "
                 f"{pred.limits['actors']:,.0f} env steps/s; {more} would help")
     if pred.bound == "lockstep":
-        return (f"lockstep-bound: actors and learner take turns (overlap=false), {pred.env_steps_per_s:,.0f} "
-                "env steps/s; overlap=true would let acting and learning run at once")
+        return (f"lockstep-bound: actors and learner take turns (overlap=false, or an on-policy algorithm: each "
+                f"rollout is learned before the next is collected), {pred.env_steps_per_s:,.0f} env steps/s")
     if pred.bound == "cpu":
         runnable = p.actors + (p.threads if p.learner_device == "cpu" else 1)
         lost = 1 - t["cores_effective"] / cores

@@ -31,6 +31,7 @@ from hetrl.errors import UsageError
 from hetrl.planner.model import (SCHEDULES, Plan, Prediction, Workload, bottleneck_words, learner_group,
                                   predict, prefetches, runnable_reason)
 from hetrl.planner.profile import ProfileTable
+from hetrl.planner.profile.table import entry_name
 
 OBJECTIVES = ("throughput", "efficiency")
 TIE = 0.02
@@ -270,6 +271,7 @@ class PlanResult:
     algo: str = ""
     env: str = ""
     preset_envs: int = 0             # the preset's num_envs (the plan keeps it unless allowed more envs)
+    provisional: list = field(default_factory=list)   # the profile's provisional entries: {entry, name, why}
 
     @property
     def learning_changes(self) -> dict:
@@ -332,9 +334,9 @@ class PlanResult:
         device, threads, actors x envs_per_actor), the env backend measured faster (where cfg's is auto) and the
         learner loop's prefetch thread (schedules that have one; unless ``pinned`` by the user). The one place
         a planner setting is added; the learner kernel is chosen by the run itself from the same measurements
-        (hetrl/kernels/select.py), so cfg.learner_kernel stays as the user set it."""
+        (hetrl/kernels/select.py), so cfg.system.learner_kernel stays as the user set it."""
         out = dict(self.plan.settings())
-        if cfg.env_backend == "auto":
+        if cfg.system.env_backend == "auto":
             out["env_backend"] = self.env_backend
         if self.plan.schedule != "inline" and "prefetch" not in pinned:
             out["prefetch"] = self.prefetch
@@ -347,7 +349,7 @@ class PlanResult:
         if why:
             raise UsageError(f"the plan puts {why}: modelled, not runnable; plan without --all-placements "
                              "(placement='runnable') to get one this runtime runs")
-        new = dataclasses.replace(cfg, **self.system_settings(cfg, pinned))
+        new = cfg.replace(**self.system_settings(cfg, pinned))
         new.validate()
         return new
 
@@ -361,6 +363,7 @@ class PlanResult:
             "predicted": self.prediction.to_json(), "bottleneck": self.bottleneck,
             "runners_up": [{"plan": p.plan.to_json(), "predicted": p.to_json()} for p in self.runners_up],
             "pins": self.pins, "notes": self.notes, "candidates": self.candidates, "profile": self.profile,
+            "provisional": self.provisional,
         }
 
 
@@ -397,6 +400,14 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
     if best.power_source != "measured":
         notes.append(f"power is {best.power_source} (no RAPL/NVML reading for every device used): "
                      "see hetrl/planner/power.py for the table")
+    for (dev, t), (ratio, source) in sorted(table.substitutions().items()):
+        notes.append(f"the profile's {t}-thread learner figures on {dev} were measured under load (provisional): "
+                     f"priced as the 1-thread figure x {ratio:.2f}, the thread scaling {source}")
+    provisional = [{"entry": "/".join(path), "name": entry_name(path), "why": why}
+                   for path, why in table.provisional_entries()]
+    if provisional:
+        notes.append(f"{len(provisional)} profile entries are provisional (measured under load, or not settled): "
+                     "measured again when the machine is next quiet")
     prefetch_on = prefetches(best.plan, table, work, cores)
     return PlanResult(best.plan, best, distinct(ranked, objective, top), bottleneck_words(best, cores), objective,
                       cores, work,
@@ -411,5 +422,8 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                                     "on": prefetch_on,
                                     "no_core": not prefetch_on and prefetches(best.plan, table, work, float("inf"))},
                        # the learner figure the prediction used: profiled x the last run's factor
-                       "learner_calibration": table.calibration(best.plan.learner_device)},
-                      table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0)
+                       "learner_calibration": table.calibration(best.plan.learner_device),
+                       "provisional": len(provisional), "load": table.data.get("load"),
+                       "load_now": table.load_now.to_json() if table.load_now is not None else None,
+                       "remeasured": table.remeasured},
+                      table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0, provisional)

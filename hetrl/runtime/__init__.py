@@ -7,11 +7,11 @@ from hetrl.config import Config
 
 
 def make_schedule(cfg: Config, env: EnvSpec):
-    if cfg.schedule == "local":  # actor processes + learner process (hetrl/runtime/local.py)
+    if cfg.system.schedule == "local":  # actor processes + learner process (hetrl/runtime/local.py)
         from hetrl.runtime.local import LocalSchedule
 
         return LocalSchedule(cfg, env)
-    if cfg.schedule == "ray":  # actors and a replay server on a Ray cluster (hetrl/runtime/ray_schedule.py)
+    if cfg.system.schedule == "ray":  # actors and a replay server on a Ray cluster (hetrl/runtime/ray_schedule.py)
         from hetrl.runtime.ray_schedule import RaySchedule
 
         return RaySchedule(cfg, env)

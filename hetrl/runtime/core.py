@@ -12,7 +12,10 @@ distributed launcher):
   their :class:`~hetrl.actors.ActorSpec` and the restart policy of actors that die;
 * the learner step (timed, counted, TD errors checked), publishing to a :class:`ParameterStore`,
   policy staleness;
-* one checkpoint format (so a run resumes under any schedule) and one set of figures.
+* one checkpoint format (so a run resumes under any schedule) and one set of figures;
+* for an on-policy algorithm (``storage = "rollout"``, hetrl/algorithm.py): a rollout storage in place of the
+  replay (hetrl/replay/rollout.py), the rollout rule in place of the replay ratio (ratio.RolloutRatio), and the
+  learner phase of a rollout (:meth:`LearnerCore.learn_rollout`: values, GAE, epochs of shuffled minibatches).
 
 :class:`Schedule` is the interface every transport implements:
 ``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
@@ -33,15 +36,16 @@ import torch
 from hetrl.actors import ActorSpec, probe_spaces
 from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
-from hetrl.algos import make_algorithm, replay_spec
+from hetrl.algos import learn_spec, make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, NonFiniteError, UsageError
+from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageError
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
-from hetrl.runtime.layout import Layout, grads_per_phase, group_size
+from hetrl.replay.rollout import RolloutStorage, explained_variance, gae
+from hetrl.runtime.layout import GROUP_MAX, Layout, grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
-from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio
+from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
 from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
@@ -65,6 +69,28 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.device.type == "cpu" and not t.requires_grad and t.dtype in (torch.float32, torch.float64, torch.float16):
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
+    """The protocol's promise of `learn(batches, weights)` (docs/extending.md), checked on a run's first learner
+    call: |TD| comes back as a non-negative float tensor of shape (K, B) and `updates` moved by K. A breach is a
+    LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`. That |TD|
+    is finite is checked on every call (check_finite: a NonFiniteError, the loss diverged), so NaN/inf there is
+    not a breach of the protocol but of the run."""
+    K, B = int(weights.shape[0]), int(weights.shape[1])
+    where = f"algorithm {algo!r}: learn(batches, weights) of K={K} batches of B={B}"
+    fix = "(docs/extending.md: learn); fix the algorithm's learn"
+    if not isinstance(td, torch.Tensor):
+        raise LearnContractError(f"{where} returned {type(td).__name__}, not |TD| as a float tensor of shape "
+                                 f"({K}, {B}) {fix}")
+    if not td.is_floating_point() or tuple(td.shape) != (K, B):
+        raise LearnContractError(f"{where} returned a {str(td.dtype).removeprefix('torch.')} tensor of shape "
+                                 f"{tuple(td.shape)}, not |TD| as a float tensor of shape ({K}, {B}) {fix}")
+    if advanced != K:
+        raise LearnContractError(f"{where} advanced self.updates by {advanced}, not by K={K}: add K to "
+                                 f"self.updates in learn {fix}")
+    if bool((td.detach() < 0).any()):
+        raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")
 
 
 def setup_process(seed: int, threads: int) -> None:
@@ -146,32 +172,58 @@ class LearnerCore:
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         self._threads_before = torch.get_num_threads()   # given back by close()
         setup_process(cfg.seed, threads)
-        # a learner of several threads drops to the cores other work leaves it, during the run
-        self.governor = ThreadGovernor(max(1, threads))
-        self.device = resolve_device(cfg.device)
+        # a learner of several threads drops to the cores other work leaves it, during the run, where its kernel's
+        # results do not depend on the thread count (_use_kernel)
+        self.governor = ThreadGovernor(max(1, threads), exact=False)
+        self.device = resolve_device(cfg.system.device)
         self.obs_space, self.act_space = probe_spaces(self.env)
         self.algo = make_algorithm(cfg, self.obs_space, self.act_space, self.device)
         self.spec = replay_spec(cfg, self.obs_space, self.act_space)
-        group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
-        self.kernel_choice = kernels.choose(
-            cfg, self.twin, self.obs_space, self.act_space, self.spec, self.device, group, algo=self.algo)
+        # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
+        self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
+        self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
+        if self.rollout:   # a phase's minibatches per learn call (LearnerCore._minibatches)
+            minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
+            group = max(1, min(self.algo.phase_group(minibatches), minibatches))
+        else:
+            group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
+                                                                 cfg.priority_lag)
+        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
+                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
+                                            algo=self.algo)
         self._use_kernel(self.kernel_choice)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
-        self.frames = cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
-        self.storage_arrays = (FrameStorage if self.frames else Storage).layout(cfg.buffer_size, self.spec)
+        self.frames = not self.rollout and cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
+        self.storage_arrays = (RolloutStorage if self.rollout else FrameStorage if self.frames else Storage).layout(
+            cfg.buffer_size, self.spec)
         # before any storage, staging or GPU buffer is allocated: refuse a replay the device cannot hold
         self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, "cpu" if self.frames else self.device,
                                                 arrays=self.storage_arrays)
         self.c = Counters()
         self.params: ParameterStore | None = None
-        self.publish_every = max(1, cfg.publish_interval * grads_per_phase(cfg))
+        self.publish_every = max(1, cfg.system.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
         self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
         self._in_flight: dict[object, tuple[int, int]] = {}   # grant -> (gradient steps of the params then, env steps)
         self.reserved = 0                                # env steps granted, not yet inserted
-        self.max_lag = lay.max_lag if lay is not None else 0   # the policy-lag bound (0: none, e.g. inline)
-        self.ratio = ReplayRatio.overlapped(self, lay, servers) if lay is not None else ReplayRatio.alternating(self)
+        # reproducible: one process alternating (inline), or phases (a schedule with actors and no replay servers);
+        # else the actors and the learner go as timing has them, under the rate limiter and the policy-lag bound.
+        # On-policy: every schedule alternates whole rollouts with their learner phases (reproducible, no lag)
+        self.reproducible = lay is None or self.rollout or (cfg.system.reproducible and not servers)
+        phased = lay is not None and self.reproducible and not self.rollout
+        self.max_lag = lay.max_lag if lay is not None and not phased and not self.rollout else 0   # (0: none)
+        if self.rollout:
+            self.ratio = RolloutRatio(self, lay.chunk if lay is not None else None)
+            self.publish_every = UNBOUNDED   # a rollout's phase publishes once, at its end
+            # the minibatches' shuffle: the run's own generator (checkpointed), whatever else runs in the process
+            self.shuffle_rng = torch.Generator().manual_seed(cfg.seed + 0x5F3759DF)
+            self.rollout_stats: dict[str, float] = {}
+            self._ones: dict[tuple, torch.Tensor] = {}
+        else:
+            self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
+                          else ReplayRatio.overlapped(self, lay, servers))
+        self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
         self.restarts = Restarts(self)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
@@ -180,6 +232,7 @@ class LearnerCore:
         self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
         self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
+        self._contract_checked = False                     # learn()'s contract, checked on the first call
 
     def twin(self):
         """A new algorithm object of this run's settings and spaces (kernels are checked on twins)."""
@@ -192,6 +245,7 @@ class LearnerCore:
             self.kernel.close()
         self.kernel_choice = choice
         self.kernel = kernels.build(choice, self.algo)
+        self.governor.exact = bool(self.kernel.threads_exact)
         self.governor.apply = self.kernel.use_threads
         self.governor.apply(self.governor.threads)
 
@@ -211,17 +265,24 @@ class LearnerCore:
         torch.set_num_threads(self._threads_before)
 
     # ---- parts ------------------------------------------------------------------------------
-    def make_replay(self, buffers: dict | None = None) -> ReplayBuffer:
-        """The run's replay; `buffers`: preallocated host arrays for any of `storage_arrays` (shared memory)."""
+    def make_replay(self, buffers: dict | None = None) -> ReplayBuffer | RolloutStorage:
+        """The run's replay (an on-policy algorithm's: its rollout storage); `buffers`: preallocated host arrays for
+        any of `storage_arrays` (shared memory)."""
         cfg = self.cfg
+        if self.rollout:
+            return RolloutStorage(cfg.train_freq, self.spec, actors=max(1, cfg.num_envs // self.actor_envs),
+                                  buffers=buffers, check_finite=cfg.system.check_finite)
         return ReplayBuffer(cfg.buffer_size, self.spec, self.device, prioritized=cfg.prioritized,
                             alpha=cfg.per_alpha, beta=cfg.per_beta, seed=cfg.seed, buffers=buffers,
-                            check_finite=cfg.check_finite, frames=self.frames)
+                            check_finite=cfg.system.check_finite, frames=self.frames)
 
     def insert(self, replay: ReplayBuffer, batch: dict, actor: int = 0) -> None:
         """Insert an actor's batch; non-finite data stops the run with where it came from."""
         try:
-            replay.insert(batch)
+            if self.rollout:
+                replay.insert(batch, actor, self.actor_envs)
+            else:
+                replay.insert(batch)
         except NonFiniteError as e:
             raise NonFiniteError(f"{e} (from actor {actor}, env steps {self.c.env_steps:,} and on); the learner "
                                  "never saw it: check the env, or --set check_finite=false") from None
@@ -239,7 +300,7 @@ class LearnerCore:
         restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
-        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.env_backend)
+        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend)
 
     # ---- acting side ----------------------------------------------------------------------------
     def exploration(self, base: int, n: int, envs: int) -> list:
@@ -316,7 +377,11 @@ class LearnerCore:
         if self.lr_at is not None:
             self.schedule_lr()
         t0 = time.perf_counter()
+        before = self.algo.updates
         td = self.kernel.learn(stack, weights)
+        if not self._contract_checked:
+            check_learn_contract(self.cfg.algo, td, weights, self.algo.updates - before)
+            self._contract_checked = True
         self.learned(td, weights.shape[0], time.perf_counter() - t0)
         return td
 
@@ -325,6 +390,9 @@ class LearnerCore:
         member). Uniform replay: all of them in one gather (the buffer does not change meanwhile, so this is the
         same distribution). Prioritised: sample -> learn -> update priorities, as many batches at a time as the
         priority lag allows (exact PER: one)."""
+        if self.rollout:
+            self.learn_rollout(replay)
+            return
         cfg, c, B = self.cfg, self.c, self.cfg.batch_size
         while k := self.ratio.allowed(len(replay)):
             t0 = time.perf_counter()
@@ -339,13 +407,91 @@ class LearnerCore:
             self.ratio.written(k)
             c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
 
+    def learn_rollout(self, rollout: RolloutStorage) -> bool:
+        """The learner phase of a complete rollout (on-policy; False while none is complete), for every schedule:
+        the algorithm's values and log-probabilities in one forward (`rollout_values`), GAE(gae_lambda), then
+        n_epochs passes of shuffled minibatches of batch_size through `learn` (a pass's last minibatch is smaller
+        where batch_size does not divide the rollout, as SB3's), `phase_group` minibatches a call (several passes'
+        in one where they fit), until `stop_phase` says stop; then `rollout_done`, the new policy published and the
+        rollout emptied."""
+        if not self.ratio.ready():
+            return False
+        cfg, algo, c = self.cfg, self.algo, self.c
+        t0 = time.perf_counter()
+        self.governor.tick()
+        data = rollout.tensors()
+        algo.set_progress(self.progress_remaining())
+        out = algo.rollout_values(data)
+        dev = out["value"].device
+        adv, ret = gae(out.get("reward", data["reward"]).to(dev), out["value"], out["next_value"],
+                       data["terminated"], data["truncated"], cfg.gamma, cfg.gae_lambda)
+        self.rollout_stats = {"explained_variance": explained_variance(out["value"].flatten(), ret.flatten())}
+        fields = {"obs": data["obs"], "action": data["action"],
+                  **{k: v for k, v in out.items() if k not in ("next_value", "reward")}, "advantage": adv, "return": ret}
+        R = rollout.capacity
+        flat = {k: v.reshape(R, *v.shape[2:]).to(self.device) for k, v in fields.items()}
+        c.learner_s += time.perf_counter() - t0
+        for idx in self._minibatches(R):
+            self.ratio.drawn(idx.shape[0])
+            self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
+            if algo.stop_phase():
+                break
+        algo.rollout_done(data)
+        rollout.clear()
+        self.ratio.phase_done()
+        self.publish()
+        return True
+
+    def _minibatches(self, R: int):
+        """The row indices of a rollout phase's `learn` calls, in order: n_epochs shuffled passes over R rows, each
+        cut into minibatches of batch_size (its last one smaller where batch_size does not divide R, as SB3's), the
+        phase's consecutive minibatches of one size stacked `phase_group` (at most GROUP_MAX) to a call."""
+        B, algo = self.cfg.batch_size, self.algo
+        K, rem = divmod(R, B)
+        total = self.cfg.n_epochs * K
+        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if K else 1
+        pending: list[torch.Tensor] = []
+        for _ in range(self.cfg.n_epochs):
+            perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
+            for i in range(K):
+                pending.append(perm[i * B:(i + 1) * B])
+                if len(pending) == group:
+                    yield torch.stack(pending)
+                    pending = []
+            if rem:
+                if pending:
+                    yield torch.stack(pending)
+                    pending = []
+                yield perm[K * B:].view(1, rem)
+        if pending:
+            yield torch.stack(pending)
+
+    def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
+        """Importance weights of on-policy minibatches: ones, one tensor per shape."""
+        w = self._ones.get(shape)
+        if w is None:
+            w = self._ones[shape] = torch.ones(shape, device=self.device)
+        return w
+
+    def progress_remaining(self) -> float:
+        """1 - env_steps / steps, at least 0 (SB3's progress remaining, as schedules read it)."""
+        return 1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))
+
+    def train_stats(self) -> dict[str, float]:
+        """The algorithm's loss scalars of its last update (its `stats`) and the last rollout's figures, as floats
+        (a device sync: read them only when logging)."""
+        out = {k: float(v) for k, v in getattr(self.algo, "stats", {}).items()}
+        if self.rollout:
+            out.update(self.rollout_stats)
+        return out
+
     def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
         """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
         by a population's): check their |TD| errors, count them, publish where due."""
         c = self.c
         if self.learn_mark is None:
             self.learn_mark = (self.elapsed() - seconds, c.env_steps)
-        if self.cfg.check_finite and not _all_finite(td):
+        if self.cfg.system.check_finite and not _all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
@@ -353,13 +499,13 @@ class LearnerCore:
         self.governor.record(seconds, steps)
         c.gradient_steps += steps
         c.phases += 1
-        if c.gradient_steps - self._published_at >= self.publish_every:
+        if c.gradient_steps - self._published_at >= self.publish_every and not self.hold_publish:
             self.publish(changed_only=True)
 
     def schedule_lr(self) -> None:
         """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3
         computes it before each training call); set only when it changed."""
-        lr = float(self.lr_at(1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))))
+        lr = float(self.lr_at(self.progress_remaining()))
         if lr != self._lr:
             self.algo.set_lr(lr)
             self._lr = lr
@@ -418,7 +564,7 @@ class LearnerCore:
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
-               "actor_restarts": c.restarts, "replay_bytes": self.replay_bytes, **self.governor.figures(),
+               "actor_restarts": c.restarts, "reproducible": self.reproducible, "replay_bytes": self.replay_bytes, **self.governor.figures(),
                "learner_kernel": self.kernel.name, "learner_kernel_source": self.kernel_choice.source,
                "compile_s": self.kernel.compile_s, **self.kernel.figures(), **self.ratio.figures()}
         out.update(peak_memory(self.device))
@@ -431,8 +577,11 @@ class LearnerCore:
         counters = asdict(self.c)
         # every learned batch is one gradient step; a drawn group not yet learned is left out
         counters["samples"] = self.c.gradient_steps * self.cfg.batch_size
-        return {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state(),
-                "kernel": {"name": self.kernel_choice.name, "options": dict(self.kernel_choice.options)}}
+        out = {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state(),
+               "kernel": {"name": self.kernel_choice.name, "options": dict(self.kernel_choice.options)}}
+        if self.rollout:
+            out["shuffle_rng"] = self.shuffle_rng.get_state()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         if self.c.env_steps or self.c.gradient_steps:
@@ -441,13 +590,17 @@ class LearnerCore:
         self._in_flight.clear()       # grants made before the load belong to actors that start again
         self.reserved = 0
         saved = state.get("kernel")   # a resumed run keeps the kernel it was started with (where it applies here)
-        if saved and self.cfg.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
+        if saved and self.cfg.system.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
             self._use_kernel(kernels.choose(self.cfg, self.twin, self.obs_space, self.act_space, self.spec,
                                             self.device, 1, algo=self.algo, saved=saved))
         known = {f.name for f in fields(Counters)}
         self.c = Counters(**{k: v for k, v in state["counters"].items() if k in known})
         self.c.samples = self.c.gradient_steps * self.cfg.batch_size
         torch.set_rng_state(state["torch_rng"])
+        if self.rollout:
+            if "shuffle_rng" in state:
+                self.shuffle_rng.set_state(state["shuffle_rng"])
+            self.ratio.phase_done()   # a rollout begins (one cut short by the checkpoint is collected again)
         if self.params is not None:
             self.publish()
 
@@ -499,18 +652,24 @@ class Schedule(abc.ABC):
         return self.core.device
 
     PHASE_S = 0.1                  # a phase() returns after about this long (Ctrl-C is seen quickly); 0: one _step
+    _said_actors = False           # the line about a resume without the actors' state was printed
     _closed = False
     _episodes: list
 
     def phase(self) -> list[tuple[float, int]]:
-        """Advance the protocol a little (about PHASE_S, at least one _step); returns the episodes
-        (return, length) finished meanwhile."""
+        """Advance the protocol a little (about PHASE_S, at least one _step; on-policy: one rollout, collected and
+        learned, so that evaluations and callbacks see the run at the same points under every schedule); returns
+        the episodes (return, length) finished meanwhile."""
         if self._closed:
             raise HetrlError(f"this {self.name} schedule was closed; make a new Run")
         t_end = time.perf_counter() + self.PHASE_S
+        rollout = self.core.ratio.base if self.core.rollout else None
         while not self.done():
             self._step()
-            if time.perf_counter() >= t_end:
+            if rollout is not None:
+                if self.core.ratio.base != rollout:
+                    break
+            elif time.perf_counter() >= t_end:
                 break
         eps, self._episodes = self._episodes, []
         return eps
@@ -530,6 +689,16 @@ class Schedule(abc.ABC):
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
 
+    def actors_state(self) -> dict:
+        """The actors' state for an exact resume (Actor.state_dict of each: envs, RNGs, pending n-step transitions,
+        acting policies), saved with the replay: {"actors": [...]} or {"unsaved": why} where a schedule's actors
+        cannot be saved; a resumed run then restarts its episodes (seeded from the step count)."""
+        return {"unsaved": f"the {self.name} schedule's actors are not saved"}
+
+    def _load_actors(self, state: dict) -> bool:
+        """Actors as actors_state() saved them, in place of new ones; False where that is not possible here."""
+        return False
+
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
 
@@ -548,9 +717,19 @@ class Schedule(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint of any schedule (one format): the learner, its counters, and the replay if saved."""
         self.core.load_state_dict(state)
+        actors = None
         if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
+            replay = dict(state["replay"])
+            actors = replay.pop("actors", None)
+            self.replay.load_state_dict(replay)
+        if actors is not None and "actors" in actors and self._load_actors(actors):
+            return
         self._restart_actors()
+        if actors is not None and not Schedule._said_actors:
+            Schedule._said_actors = True   # once per process (a population's members share the reason)
+            why = actors.get("unsaved") or f"they were saved by another schedule than {self.name}'s"
+            print(f"hetrl: resuming without the actors' state ({why}): the actors start new episodes, so the "
+                  "run leaves the path of one that never stopped", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "Schedule":
         return self

@@ -4,7 +4,8 @@ It is the reference realisation of the training protocol:
     actor --collect--> insert --> replay --sample--> learner --|TD|--> priorities --> replay
     learner --publish--> parameter store --latest--> actor
 One *phase* = `train_freq` env steps of acting, then the gradient steps the learner core's replay
-ratio allows (hetrl/runtime/ratio.py: replay_ratio x the env steps beyond learning_starts). The
+ratio allows (hetrl/runtime/ratio.py: replay_ratio x the env steps beyond learning_starts); for an
+on-policy algorithm, one rollout of acting, then its learner phase. The
 learner, counters, checkpoint and figures are the learner core's (hetrl/runtime/core.py).
 """
 
@@ -25,7 +26,7 @@ class InlineSchedule(Schedule):
 
     def __init__(self, cfg: Config, env: EnvSpec):
         self.cfg, self.env = cfg, env
-        self.core = LearnerCore(cfg, env, threads=cfg.threads or os.cpu_count() or 1)
+        self.core = LearnerCore(cfg, env, threads=cfg.system.threads or os.cpu_count() or 1)
         self.replay = self.core.make_replay()
         self.params = InProcessParameterStore()
         self.core.attach(self.params)
@@ -39,17 +40,27 @@ class InlineSchedule(Schedule):
         self.actor = self.core.actor_spec(0, self.cfg.num_envs).build()
         self.actor.load(*self.params.latest(-1))
 
+    def actors_state(self) -> dict:
+        state = self.actor.state_dict()
+        return {"actors": [state["pickle"]], "schedule": self.name} if "pickle" in state else state
+
+    def _load_actors(self, state: dict) -> bool:
+        if state.get("schedule") != self.name or len(state["actors"]) != 1:
+            return False
+        self.actor.load_state_dict({"pickle": state["actors"][0]})
+        self.actor.params_version = -1   # the next phase loads the learner's policy, as it would have
+        return True
+
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
-        cfg, core, c = self.cfg, self.core, self.c
+        core, c = self.core, self.c
         new = self.params.latest(self.actor.params_version)   # the newest policy (a phase's, or one loaded between)
         if new is not None:
             self.actor.load(*new)
         t0 = time.perf_counter()
         before = self.actor.env_steps
-        left = cfg.steps - c.env_steps
-        batch = self.actor.collect(min(cfg.train_freq, left), lambda s: core.algo.exploration(c.env_steps + s - before),
-                                   limit=left)
+        n, most = core.ratio.to_collect()
+        batch = self.actor.collect(n, lambda s: core.algo.exploration(c.env_steps + s - before), limit=most)
         t1 = time.perf_counter()
         if batch is not None:
             core.insert(self.replay, batch)

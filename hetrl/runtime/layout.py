@@ -51,6 +51,13 @@ def grads_per_phase(cfg: Config) -> int:
     return cfg.gradient_steps if cfg.gradient_steps > 0 else cfg.train_freq
 
 
+def learns_rollouts(cfg: Config) -> bool:
+    """Whether cfg.algo is on-policy: it learns from rollouts (a rollout storage in place of the replay)."""
+    from hetrl import registry
+
+    return getattr(registry.get(cfg.algo), "storage", "replay") == "rollout"
+
+
 @dataclass(frozen=True)
 class Layout:
     """The numbers derived from a Config for a schedule with actor processes."""
@@ -76,25 +83,33 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
     passes its cluster's). `group`: gradient steps per learn call if not group_size()'s."""
     cores = cores or os.cpu_count() or 1
     # never more envs than the preset's: by default the largest actor count that splits num_envs evenly
-    n = cfg.actors or max(d for d in range(1, min(default_actors(cores), cfg.num_envs) + 1) if cfg.num_envs % d == 0)
-    m = cfg.envs_per_actor or max(1, cfg.num_envs // n)
-    chunk = chunk_size(cfg.train_freq, n, m, cfg.batched_insert, cfg.insert_chunk)
+    n = cfg.system.actors or max(d for d in range(1, min(default_actors(cores), cfg.num_envs) + 1) if cfg.num_envs % d == 0)
+    m = cfg.system.envs_per_actor or max(1, cfg.num_envs // n)
+    threads = cfg.system.threads or max(1, cores - n)
     per_phase = grads_per_phase(cfg)
+    if learns_rollouts(cfg):   # on-policy: each actor collects its envs' share of every rollout, then waits
+        if n * m != cfg.num_envs:
+            raise UsageError(f"an on-policy rollout is n_steps x num_envs transitions, and every actor collects its "
+                             f"share: actors x envs_per_actor ({n} x {m}) must equal num_envs ({cfg.num_envs}); "
+                             "choose actors that divide num_envs")
+        group = group or max(1, min(per_phase, GROUP_MAX))
+        return Layout(n, m, cfg.train_freq // n, group, cfg.replay_ratio * cfg.batch_size, 0,
+                      float(cfg.train_freq), threads, per_phase, 0)
+    chunk = chunk_size(cfg.train_freq, n, m, cfg.system.batched_insert, cfg.system.insert_chunk)
     group = group or group_size(per_phase, cfg.prioritized, cfg.priority_lag)
     spi = cfg.replay_ratio * cfg.batch_size
     min_size = max(cfg.learning_starts, cfg.batch_size)
     need = cfg.batch_size + chunk * spi  # the window must hold one batch plus one chunk, or both sides block
-    if cfg.rate_tolerance:
-        b = cfg.rate_tolerance * spi
+    if cfg.system.rate_tolerance:
+        b = cfg.system.rate_tolerance * spi
         if 2 * b < need:
-            raise UsageError(f"rate_tolerance={cfg.rate_tolerance} env steps is too small for chunks of {chunk} "
+            raise UsageError(f"rate_tolerance={cfg.system.rate_tolerance} env steps is too small for chunks of {chunk} "
                              f"env steps and batches of {cfg.batch_size}: both sides could block; use at least "
                              f"{math.ceil(need / (2 * spi))}")
     else:  # every actor may hold one chunk in flight while the learner draws a full group
         b = spi * n * chunk + group * cfg.batch_size
     b = max(b, 1.0, spi, cfg.batch_size)
-    threads = cfg.threads or max(1, cores - n)
-    publish_every = max(1, cfg.publish_interval * per_phase)
+    publish_every = max(1, cfg.system.publish_interval * per_phase)
     return Layout(n, m, chunk, group, spi, min_size, b, threads, publish_every,
                   max_policy_lag(cfg, chunk, group, publish_every))
 
@@ -107,11 +122,11 @@ def max_policy_lag(cfg: Config, chunk: int, group: int, publish_every: int) -> i
     double buffer, the lag of the smallest overlapped layout): more actors, or a larger cluster, are
     throttled to the lag one actor would give instead of adding to it."""
     least = publish_every + group
-    if cfg.max_policy_lag:
-        if cfg.max_policy_lag < least:
-            raise UsageError(f"max_policy_lag={cfg.max_policy_lag} gradient steps is below one publication and "
+    if cfg.system.max_policy_lag:
+        if cfg.system.max_policy_lag < least:
+            raise UsageError(f"max_policy_lag={cfg.system.max_policy_lag} gradient steps is below one publication and "
                              f"one learner group ({publish_every} + {group}): the learner would wait for every "
                              f"chunk; use at least {least}, or 0 (auto)")
-        return cfg.max_policy_lag
+        return cfg.system.max_policy_lag
     return least + 2 * math.ceil(chunk * cfg.replay_ratio)
 

@@ -128,7 +128,7 @@ class LocalSchedule(Schedule):
                 raise UsageError(f"env factory {env_name(env)} cannot be sent to actor processes (it is a lambda "
                                  "or a local function); --schedule local needs an env id or a module-level "
                                  "function") from None
-        if not cfg.overlap and not cfg.rate_limit:
+        if not cfg.system.overlap and not cfg.system.rate_limit:
             raise UsageError("overlap=false (lockstep) learns what the rate limiter allows between collect rounds; "
                              "keep rate_limit=true")
         self.lay = lay = layout(cfg)
@@ -146,12 +146,20 @@ class LocalSchedule(Schedule):
         self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
                          for _ in range(lay.actors)]
         self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
-        self._batches = BatchGroups(self.replay, spec, cfg.batch_size, lay.group, preallocate=cfg.preallocate and on_cpu)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") if cfg.prefetch else None
+        # sampled groups of batches (an on-policy rollout is learned in the learner core's phase instead)
+        self._batches = None if core.rollout else BatchGroups(self.replay, spec, cfg.batch_size, lay.group,
+                                                              preallocate=cfg.system.preallocate and on_cpu)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") \
+            if cfg.system.prefetch and not core.rollout else None
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
         self._episodes: list[tuple[float, int]] = []
         self._next_actor = 0
+        # a reproducible run goes in phases (core.ratio.phased): chunks wait in their staging halves for the phase
+        # boundary, where they go in in actor order; phase() returns at a boundary
+        self._phased = core.ratio.phased
+        self._arrived: list[tuple] = []
+        self._boundaries = 0
         self._finished = False
         self._closed = False
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
@@ -187,7 +195,7 @@ class LocalSchedule(Schedule):
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
         args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor),
-                         self._staging[h.index], self.params, self.cfg.actor_one_thread)
+                         self._staging[h.index], self.params, self.cfg.system.actor_one_thread)
         ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         data_r, data_w = ctx.Pipe(duplex=False)
         life_r, life_w = ctx.Pipe(duplex=False)
@@ -211,11 +219,54 @@ class LocalSchedule(Schedule):
         return [h.proc.pid for h in self._fleet.handles if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
+    def phase(self) -> list[tuple[float, int]]:
+        """Phases (reproducible): up to the next phase boundary, so that evaluations and callbacks see the run at
+        the same points whatever the timing; else about PHASE_S."""
+        if not self._phased or self._closed:
+            return super().phase()
+        start = self._boundaries
+        while not self.done() and self._boundaries == start:
+            self._step()
+        eps, self._episodes = self._episodes, []
+        return eps
+
     def _step(self) -> None:
         self._pump(timeout=0.0)
+        if self._phased:
+            if self._at_boundary():
+                self._boundary()
+            elif not self._learn_step():
+                self._pump(timeout=self.PHASE_S)
+            return
         self._grant()
         if not self._learn_step():
             self._pump(timeout=self.PHASE_S)
+
+    def _at_boundary(self) -> bool:
+        """Every chunk of the phase is in its staging half and the learner drew and learned what it owes."""
+        handles = self._fleet.handles
+        return (all(h.ready and not h.outstanding for h in handles) and self._ready is None
+                and self._pending is None and self._allowed_group() == 0)
+
+    def _boundary(self) -> None:
+        """A phase boundary: the learner's policy is published (the next phase acts with it: one phase behind the
+        learner), the phase's chunks go in in actor order, and every actor is granted the next phase's chunk."""
+        self.core.publish(changed_only=True)
+        for index, half, rows, steps, version, busy in sorted(self._arrived, key=lambda a: a[0]):
+            self._insert(self._fleet.handles[index], half, rows, steps, version, busy)
+        self._arrived = []
+        for h in self._fleet.handles:
+            grant = self.core.next_grant(self.lay.envs_per_actor)
+            if grant is None or h.ctrl is None:
+                break
+            n, table = grant
+            try:
+                h.ctrl.send((0, n, table))
+            except OSError:
+                break  # it died: its sentinel tells _pump
+            h.outstanding[0] = n
+            self.core.granted((h.index, 0), n)
+        self._boundaries += 1
 
     def done(self) -> bool:
         return self._check_finished()
@@ -242,7 +293,7 @@ class LocalSchedule(Schedule):
         handles = [h for h in self._fleet.handles if h.ready and not h.stopping and h.ctrl is not None]
         if not handles:
             return
-        lockstep = not self.cfg.overlap
+        lockstep = not self.cfg.system.overlap
         if lockstep and (self.core.reserved or self._ready is not None or self._allowed_group()):
             return
         start = self._next_actor % len(handles)
@@ -288,7 +339,9 @@ class LocalSchedule(Schedule):
             self.c.replay_s += dt
 
     def _learn_step(self) -> bool:
-        """One algo.learn call on a group of batches; False when the rule allows none."""
+        """One algo.learn call on a group of batches (on-policy: a rollout's phase); False when the rule allows none."""
+        if self.core.rollout:
+            return self.core.learn_rollout(self.replay)
         self._join_prefetch()
         if self._ready is None:
             g = self._allowed_group()
@@ -345,7 +398,11 @@ class LocalSchedule(Schedule):
         kind = msg[0]
         if kind == "chunk":
             _, half, rows, steps, version, episodes, busy = msg
-            self._insert(h, half, rows, steps, version, busy)
+            if self._phased:   # in at the phase boundary, in actor order
+                self._arrived.append((h.index, half, rows, steps, version, busy))
+                h.outstanding.pop(half, None)
+            else:
+                self._insert(h, half, rows, steps, version, busy)
             self._episodes.extend(episodes)
         elif kind == "hello":
             h.ready = True
@@ -399,7 +456,7 @@ class LocalSchedule(Schedule):
         c, lay, wall = self.c, self.lay, self.c.wall_s
         return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
                 "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0, "startup_s": self.startup_s,
-                "optimisations": {k: getattr(self.cfg, k) for k in
+                "optimisations": {k: self.cfg.get(k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
     def close(self) -> None:

@@ -246,13 +246,13 @@ class PopulationSchedule:
         t0 = time.perf_counter()
         base = [core.c.env_steps for core in self.cores]
         start = actor.env_steps
-        left = cfg.steps - self.c.env_steps
+        n_collect, most = self.cores[0].ratio.to_collect()   # every member's run collects what member 0's does
 
         def explore(steps: int) -> list:
             done = (steps - start) // M
             return [core.algo.exploration(b + done) for core, b in zip(self.cores, base)]
 
-        batch = actor.collect(M * min(cfg.train_freq, left), explore, limit=M * left)
+        batch = actor.collect(M * n_collect, explore, limit=M * most)
         t1 = time.perf_counter()
         steps = (actor.env_steps - start) // M
         member = batch.pop("env", None) if batch is not None else None   # (a population of one has no groups)
@@ -265,7 +265,8 @@ class PopulationSchedule:
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
         # what each member's learner core allows now (its inline run's replay ratio)
         owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
-        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized:
+        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized \
+                and not self.cores[0].rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
         elif self._pool is not None and sum(1 for k in owed if k) > 1:
             list(self._pool.map(self._learn, [m for m, k in enumerate(owed) if k]))

@@ -18,6 +18,10 @@ The learner core owns one (``core.ratio``); every schedule asks it and only move
 * the priority lag (``priority_lag``): with prioritised replay a batch is drawn only once the
   priorities of all but ``priority_lag`` of the batches drawn before it are written (0: exact PER,
   each batch sampled from a tree that holds every earlier batch's |TD|), under every schedule.
+
+An on-policy algorithm (a rollout storage in place of the replay) has :class:`RolloutRatio` instead, with the
+same interface: the actors collect one whole rollout, the learner learns it, and only then do the actors
+collect the next (no policy lag, under every schedule).
 """
 
 from __future__ import annotations
@@ -38,13 +42,14 @@ class ReplayRatio:
 
     def __init__(self, core, *, spi: float, min_size: int, group: int | None = None, chunk: int = 0,
                  error_buffer: float | None = None, rate_limit: bool = True, overlap: bool = False,
-                 servers: int = 0):
+                 servers: int = 0, phased: bool = False):
         cfg = core.cfg
         self.core, self.B = core, cfg.batch_size
         self.spi, self.min_size = float(spi), int(min_size)
         self.group = group or UNBOUNDED          # batches per learner call at most
         self.chunk = chunk                       # env steps per grant
         self.rate_limit, self.overlap, self.servers = rate_limit, overlap, servers
+        self.phased = phased                     # grants and inserts at phase boundaries only (phased())
         self.error_buffer = error_buffer
         self.rule = None if error_buffer is None else RatioRule.from_error_buffer(spi, min_size, error_buffer)
         self.prioritized, self.priority_lag = bool(cfg.prioritized), int(cfg.priority_lag)
@@ -74,9 +79,23 @@ class ReplayRatio:
         if servers:   # remote actors: the window must hold every actor's chunk plus one group, or both sides wait
             error_buffer = max(error_buffer, lay.spi * lay.actors * lay.chunk + lay.group * cfg.batch_size)
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk,
-                   error_buffer=error_buffer, rate_limit=cfg.rate_limit, overlap=cfg.overlap, servers=servers)
+                   error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap, servers=servers)
+
+    @classmethod
+    def phased(cls, core, lay) -> "ReplayRatio":
+        """Actors and learner at the same time, in phases (a reproducible run, cut by layout `lay`): at a phase
+        boundary the chunks of the phase go in, in actor order, the learner's policy is published and every actor
+        is granted the next phase's chunk; between boundaries the learner draws, from the replay as it stood at
+        the boundary, what the ratio owes for the env steps in (as inline: no lead), while the actors collect."""
+        return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
 
     # ---- the insert side -------------------------------------------------------------------------
+    def to_collect(self) -> tuple[int, int]:
+        """(env steps to collect, the most to collect) in the next round of an alternating schedule (inline): a
+        phase's train_freq, never past the run's end."""
+        left = self.steps - self.core.c.env_steps
+        return min(self.core.cfg.train_freq, left), left
+
     def grant(self) -> int:
         """Env steps an actor may be granted now: a chunk (whole vector steps), or exactly what the run
         still needs; 0 when it needs none or the rate limiter holds the actors. Applied when a chunk is
@@ -84,7 +103,7 @@ class ReplayRatio:
         chunk in flight (max_policy_lag), and were that chunk held until the learner samples, both would."""
         c, reserved = self.core.c, self.core.reserved
         n = max(0, min(self.chunk, self.steps - c.env_steps - reserved))
-        if n and self.rate_limit and not self.rule.can_insert(c.env_steps + reserved, c.samples, n):
+        if n and self.rate_limit and self.rule is not None and not self.rule.can_insert(c.env_steps + reserved, c.samples, n):
             return 0
         return n
 
@@ -110,7 +129,7 @@ class ReplayRatio:
         g = min(g, self.core.lag_room(c.samples // B))
         if not self.rate_limit:   # no ratio to honour: learn while env steps come in
             return max(0, g) if E < self.steps else 0
-        if not self.overlap and self.core.reserved:
+        if not self.overlap and self.core.reserved and not self.phased:
             return 0              # lockstep: the learner learns between collect rounds, as inline does
         g = min(g, self.owed())
         if not self.servers:
@@ -159,6 +178,80 @@ class ReplayRatio:
                 "error_buffer": (self.spi * min_size - eb, float("inf")), "rate_limit": self.rate_limit}
 
     def figures(self) -> dict:
-        return {"rate_limit": self.rate_limit, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
+        return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
                 "priority_lag": self.priority_lag if self.prioritized else None,
                 "priority_lag_max": self.lag_max if self.prioritized else None}
+
+
+class RolloutRatio:
+    """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq =
+    n_steps x num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors
+    get the next only then, so they always act with the newest policy (no policy lag) under every schedule. A
+    run collects whole rollouts until it has its env steps, as SB3's `learn` does: the last one may pass
+    cfg.steps by up to a rollout less one vector step. `chunk`: env steps per grant (one actor's share of a
+    rollout: n_steps x its envs)."""
+
+    prioritized, priority_lag, lag_max, rule, error_buffer, servers, phased = False, 0, 0, None, None, 0, False
+
+    def __init__(self, core, chunk: int | None = None):
+        self.core, self.B = core, core.cfg.batch_size
+        self.chunk = int(chunk or core.cfg.train_freq)
+        self.spi = core.cfg.replay_ratio * core.cfg.batch_size
+        self.min_size = 0
+        self.base = core.c.env_steps              # env steps when the current rollout began
+
+    @property
+    def steps(self) -> int:
+        return self.core.cfg.steps
+
+    @property
+    def rollout(self) -> int:
+        return self.core.cfg.train_freq
+
+    def collected(self) -> int:
+        """Env steps of the current rollout that are in."""
+        return self.core.c.env_steps - self.base
+
+    def _room(self, n: int) -> int:
+        if self.base >= self.steps:   # the run's last rollout is in: no other begins
+            return 0
+        return max(0, min(n, self.rollout - self.collected() - self.core.reserved))
+
+    def to_collect(self) -> tuple[int, int]:
+        n = self._room(self.rollout)
+        return n, n
+
+    def grant(self) -> int:
+        return self._room(self.chunk)
+
+    def ready(self) -> bool:
+        """Whether the current rollout is complete (every grant is in) and may be learned."""
+        return self.collected() >= self.rollout and not self.core.reserved
+
+    def allowed(self, replay_size: int | None = None) -> int:
+        """The gradient steps of a phase while a whole rollout waits to be learned, else 0."""
+        return grads_per_phase(self.core.cfg) if self.ready() else 0
+
+    def owed(self) -> int:
+        return self.allowed()
+
+    def drawn(self, g: int) -> None:
+        self.core.c.samples += g * self.B
+
+    def undrawn(self, g: int) -> None:
+        self.core.c.samples -= g * self.B
+
+    def written(self, g: int) -> None:
+        pass
+
+    def phase_done(self) -> None:
+        """The current rollout was learned (or dropped): the next begins at the current env step count."""
+        self.base = self.core.c.env_steps
+
+    def finished(self, replay_size: int | None = None) -> bool:
+        """Every rollout of the run is collected and learned."""
+        return self.core.c.env_steps >= self.steps and self.collected() == 0
+
+    def figures(self) -> dict:
+        return {"rate_limit": False, "phased": False, "samples_per_insert": self.spi, "rate_error_buffer": None,
+                "priority_lag": None, "priority_lag_max": None, "rollout": self.rollout}

@@ -12,7 +12,8 @@ object decides epsilon / the noise, as in the local schedule); `params` is the l
 RayParameterStore (a version and a reference to one object in Ray's object store that every actor
 reads: a broadcast, not a copy per actor); the weights are fetched only when newer than the actor's.
 The call returns once the server acknowledged the insert: its rate limiter holds the actor
-there while the learner is behind.
+there while the learner is behind. Without a server (an on-policy run: the learner holds the rollout) the
+chunk itself is returned, in place of the server's counters.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class RayActor:
         steps = self.actor.env_steps - start
         busy = time.perf_counter() - t0
         rows = 0 if batch is None else len(batch["obs"])
+        if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout
+            return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, batch or {}
         counters, ref = None, ray.put(batch or {})  # one copy in the object store, whatever the retries
         while counters is None:  # the server's rate limiter may hold us; None = its timeout, ask again
             counters = ray.get(self.server.insert.remote(ref, steps, 1.0))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import replace
 
@@ -53,18 +54,18 @@ _started = False  # whether hetrl started the Ray it is connected to (then it st
 
 
 def connect(cfg: Config):
-    """Ray, initialised: the caller's if it called ray.init, else the cluster at cfg.ray_address,
+    """Ray, initialised: the caller's if it called ray.init, else the cluster at cfg.system.ray_address,
     else a local Ray started here (one node, this machine's CPUs)."""
     global _started
     ray = import_ray()
     if ray.is_initialized():
         return ray
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level="warning")
-    if cfg.ray_address:
+    if cfg.system.ray_address:
         try:
-            ray.init(address=cfg.ray_address, **kw)
+            ray.init(address=cfg.system.ray_address, **kw)
         except (ConnectionError, ValueError, RuntimeError) as e:
-            raise UsageError(f"cannot connect to the Ray cluster at {cfg.ray_address!r}: {e}; start one with "
+            raise UsageError(f"cannot connect to the Ray cluster at {cfg.system.ray_address!r}: {e}; start one with "
                              "`ray start --head` (docs/ray.md) or drop --address to start a local one") from None
     else:  # a new Ray of its own, even where `ray start` left a cluster on this machine (use --address auto for it)
         ray.init(address="local", num_cpus=os.cpu_count() or 1, **kw)
@@ -140,7 +141,7 @@ class RaySchedule(Schedule):
         self.slots: list[_Slot] = []
         self.servers: list = []
         connect(cfg)
-        if cfg.env_backend == "envpool" and (lacking := nodes_lacking("envpool")):
+        if cfg.system.env_backend == "envpool" and (lacking := nodes_lacking("envpool")):
             self.close()
             raise UsageError(f"env_backend=envpool but EnvPool is not installed on the Ray node(s) {', '.join(lacking)}: "
                              "pip install 'hetrl[envpool]' there, or use --set env_backend=gymnasium")
@@ -148,24 +149,30 @@ class RaySchedule(Schedule):
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
         local = os.cpu_count() or 1
-        self.lay = lay = replace(lay, learner_threads=cfg.threads or max(1, min(local - lay.actors,
+        self.lay = lay = replace(lay, learner_threads=cfg.system.threads or max(1, min(local - lay.actors,
                                                                                  lay.learner_threads)))
-        if cfg.replay_shards > lay.actors:
+        if cfg.system.replay_shards > lay.actors:
             self.close()
-            raise UsageError(f"replay_shards={cfg.replay_shards} is more than the {lay.actors} actors: a shard no "
+            raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
-        self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.replay_shards)
+        self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
+        if cfg.system.reproducible and not self.core.rollout:   # (on-policy: rollouts in lockstep, reproducible)
+            print("hetrl: the ray schedule samples on its replay servers as they are fed, so timing shapes the run "
+                  "(result.json: reproducible false); inline and local reproduce a seed", file=sys.stderr, flush=True)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
-        self._shard_inserts = [0] * cfg.replay_shards
-        self._prio_sent = [0] * cfg.replay_shards   # priority updates sent to each shard
+        self._shard_inserts = [0] * cfg.system.replay_shards
+        self._prio_sent = [0] * cfg.system.replay_shards   # priority updates sent to each shard
         self._finished = False
         self._prio_refs: list = []
         self.startup_s = 0.0
         self._check_resources(ray)
         t0 = time.perf_counter()
-        self._start_servers(ray)
+        if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
+            self.replay = self.core.make_replay()
+        else:
+            self._start_servers(ray)
         self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
         for s in self.slots:
@@ -177,10 +184,10 @@ class RaySchedule(Schedule):
     def _check_resources(self, ray) -> None:
         cfg, lay = self.cfg, self.lay
         cpus = ray.cluster_resources().get("CPU", 0)
-        need = lay.actors * cfg.ray_actor_cpus
+        need = lay.actors * cfg.system.ray_actor_cpus
         if need > cpus + 1e-9:
             self.close()
-            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.ray_actor_cpus:g} need {need:g} CPUs but the "
+            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.system.ray_actor_cpus:g} need {need:g} CPUs but the "
                              f"Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
                              f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
 
@@ -188,7 +195,7 @@ class RaySchedule(Schedule):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         cfg, lay = self.cfg, self.lay
-        S = cfg.replay_shards
+        S = cfg.system.replay_shards
         here = ray.get_runtime_context().get_node_id()
         remote = ray.remote(num_cpus=0, max_concurrency=lay.actors + 8, max_restarts=0)(ReplayServer)
         # the shards sit on the learner's node (soft: elsewhere if it cannot host them), so sampled
@@ -197,7 +204,7 @@ class RaySchedule(Schedule):
         per = -(-cfg.buffer_size // S)
         self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
             per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
-            seed=cfg.seed + 7 * i, check_finite=cfg.check_finite, frames=self.core.frames,
+            seed=cfg.seed + 7 * i, check_finite=cfg.system.check_finite, frames=self.core.frames,
             **self.core.ratio.server_rule(S))
             for i in range(S)]
         self.replay = ShardedReplay(self.servers)
@@ -208,8 +215,9 @@ class RaySchedule(Schedule):
         from hetrl.runtime.ray_actor import RayActor
 
         spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
-        remote = ray.remote(num_cpus=self.cfg.ray_actor_cpus, max_restarts=0)(RayActor)
-        s.handle = remote.remote(spec, self.servers[s.index % len(self.servers)], self.cfg.actor_one_thread)
+        remote = ray.remote(num_cpus=self.cfg.system.ray_actor_cpus, max_restarts=0)(RayActor)
+        server = self.servers[s.index % len(self.servers)] if self.servers else None
+        s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread)
         s.calls = {}
 
     def _wait_ready(self, ray) -> None:
@@ -284,7 +292,10 @@ class RaySchedule(Schedule):
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
                     raise self._error(e, f"(actor {s.index})") from None
-                if counters is not None:
+                if self.core.rollout:   # `counters` is the chunk itself (no replay server)
+                    self.core.insert(self.replay, counters, s.index)
+                    self.core.inserted(steps, version)
+                elif counters is not None:
                     self._count_inserts(s.index % len(self.servers), counters["inserts"], version)
                 self.c.acting_s += busy
                 self._episodes.extend(episodes)
@@ -322,6 +333,8 @@ class RaySchedule(Schedule):
     def _learn_step(self) -> bool:
         import ray
 
+        if self.core.rollout:
+            return self.core.learn_rollout(self.replay)
         self._request()
         if self._pending is None:
             return False
@@ -337,7 +350,7 @@ class RaySchedule(Schedule):
             return False
         stack, keys, weights, counters = got
         self._count_inserts(shard, counters["inserts"])
-        if self.cfg.prefetch:  # the next group is drawn while this one is learned (where the priority lag allows)
+        if self.cfg.system.prefetch:  # the next group is drawn while this one is learned (where the priority lag allows)
             self._request()
         self.c.replay_s += time.perf_counter() - t0
         td = self.core.learn({k: _tensor(v) for k, v in stack.items()}, _tensor(weights))
@@ -409,8 +422,10 @@ class RaySchedule(Schedule):
         import ray
 
         c, S = self.c, len(self.servers)
-        self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
-        ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S) for i, h in enumerate(self.servers)])
+        if S:
+            self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
+            ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S)
+                     for i, h in enumerate(self.servers)])
         self._stop_actors()
         for s in self.slots:
             self._spawn(s)

@@ -8,6 +8,12 @@ Every `interval_s` it reads /proc/stat (the machine's busy time) and this proces
 their difference is the cores other processes use. As soon as they use more than `busy` cores,
 the learner drops to the cores left (one at least); when they have left for two readings in a row,
 it returns to the planned count. Without /proc/stat it does nothing.
+
+It changes the thread count only where the learner's kernel gives the same results on any count
+(`Kernel.threads_exact`, hetrl/kernels/kernel.py; `exact` here): elsewhere a count changed mid-run
+would change what the agent learns, so the learner keeps the count it started with (chosen before the
+first update by the plan). The planner's run-time correction (hetrl/planner/follow.py) moves the
+planned count itself with `replan`, under the same rule.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ def own_cpu_s() -> float:
 
 class ThreadGovernor:
     def __init__(self, planned: int, interval_s: float = 1.0, busy: float = 0.5, cores: int | None = None,
-                 read=None, apply=None):
+                 read=None, apply=None, exact: bool = True):
         self.planned, self.interval_s, self.busy = planned, interval_s, busy
+        self.exact = exact     # the kernel's results do not depend on the thread count: it may change them
         self.apply = apply or torch.set_num_threads   # how the learner takes a thread count
         self.cores = cores or os.cpu_count() or 1
         self.read = read or (lambda: (time.perf_counter(), machine_busy_s(), own_cpu_s()))
@@ -68,7 +75,21 @@ class ThreadGovernor:
 
     @property
     def active(self) -> bool:
-        return self._last is not None and self._last[1] is not None
+        return self.exact and self._last is not None and self._last[1] is not None
+
+    def replan(self, n: int) -> None:
+        """A new planned thread count (the planner's run-time correction), taken at once; only where `exact`."""
+        if not self.exact:
+            raise RuntimeError("the learner's kernel gives results that depend on its thread count: its threads "
+                               "stay as planned")
+        n = max(1, int(n))
+        if self._last is None and n > 1:
+            self._last = self.read()
+        self.planned, self._calm = n, 0
+        if n != self.threads:
+            self.threads, self.changes = n, self.changes + 1
+            self.min_threads = min(self.min_threads, n)
+            self.apply(n)
 
     def others(self, now: tuple) -> float:
         """Cores other processes used since the last reading."""
@@ -94,5 +115,6 @@ class ThreadGovernor:
         return self.threads
 
     def figures(self) -> dict:
-        return {"learner_threads_planned": self.planned, "learner_threads_min": self.min_threads,
+        return {"threads": self.planned, "learner_threads_follow_load": self.exact,
+                "learner_threads_planned": self.planned, "learner_threads_min": self.min_threads,
                 "learner_thread_changes": self.changes, "learner_threads_mostly": self.mostly()[0]}

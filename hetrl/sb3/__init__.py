@@ -5,11 +5,13 @@ defaults, learn / predict / save / load / callbacks (docs/sb3.md).
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3).learn(20_000)
 
 Parts: args.py (SB3's arguments -> settings), envs.py (the env given -> what hetrl trains on), model.py (the
-classes), policy.py (model.policy), logger.py (model.logger), noise.py; the callbacks are hetrl/callbacks.py.
+classes), policy.py (model.policy), logger.py (model.logger), noise.py, callbacks.py (SB3's callback protocol; also
+`hetrl.callbacks`), zoo.py (rl-baselines3-zoo hyperparameter files), compat.py (each algorithm's SB3 facts).
 """
 
 from __future__ import annotations
 
+from hetrl.sb3.compat import SB3Compat
 from hetrl.sb3.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
 
@@ -25,7 +27,7 @@ def class_for(attr: str):
     from hetrl import registry
     from hetrl.sb3.model import class_name
 
-    name = attr.lower()   # a class name spells its algorithm's registered name (hetrl/sb3compat.py)
+    name = attr.lower()   # a class name spells its algorithm's registered name (hetrl/sb3/compat.py)
     if name not in registry.names():
         return None
     return model_class(name) if class_name(name) == attr else None
@@ -42,4 +44,4 @@ def __getattr__(attr: str):
     return cls
 
 
-__all__ = ["model_class", "class_for", "NormalActionNoise", "OrnsteinUhlenbeckActionNoise"]
+__all__ = ["model_class", "class_for", "SB3Compat", "NormalActionNoise", "OrnsteinUhlenbeckActionNoise"]

@@ -1,9 +1,9 @@
 """Stable-Baselines3's constructor arguments as hetrl settings: one mapping, used by the SB3-style classes
-(hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/zoo.py).
+(hetrl/sb3/model.py) and by rl-zoo hyperparameter files (hetrl/sb3/zoo.py).
 
 `sb3_defaults(algo)` are SB3's (or SB3-contrib's) constructor defaults, filled in where the user gives no
 value: the class API is SB3's contract, not hetrl's presets. What differs between algorithms (defaults, the
-policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3compat.py). `to_settings` turns SB3 arguments into hetrl
+policy's layers, policy_kwargs taken) each algorithm declares itself: its `sb3` attribute (hetrl/sb3/compat.py). `to_settings` turns SB3 arguments into hetrl
 settings and refuses, with one line naming it, an argument or value hetrl cannot honour.
 
 Units: SB3's train_freq counts calls to the vector env's step() (n_envs transitions each); hetrl's
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetrl import sb3compat
+from hetrl.sb3 import compat as sb3compat
 from hetrl.errors import UsageError
 
 # the arguments after every SB3 off-policy algorithm's own (the class keeps them; no hetrl setting)
@@ -45,11 +45,9 @@ def sb3_defaults(algo: str) -> dict[str, Any]:
     own = compat(algo).defaults
     if own is not None:
         return dict(own)
-    from hetrl.config import settings_class
+    from hetrl.config import defaults, settings_class
 
-    cls = settings_class(algo)
-    d = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
-         for f in dataclasses.fields(cls)}
+    d = defaults(settings_class(algo))
     out = {"learning_rate": d["lr"], **{k: d[k] for k in ("buffer_size", "learning_starts", "batch_size", "tau",
                                                          "gamma", "train_freq", "gradient_steps")},
            "action_noise": None, "replay_buffer_class": None, "replay_buffer_kwargs": None,
@@ -115,6 +113,29 @@ def learning_rate(value: Any) -> tuple[float, Callable[[float], float] | None, s
     raise UsageError(f"learning_rate={value!r} is not a number or a schedule callable")
 
 
+def schedule(key: str, value: Any, setting: str) -> dict[str, Any]:
+    """A clip range (SB3: a number, or a callable of the progress remaining; rl-zoo: 'lin_X') as `setting` and its
+    `<setting>_schedule` (constant or linear); a callable must be one of those two (it is probed)."""
+    if isinstance(value, str):
+        lr, _, kind = learning_rate(value)
+        return {setting: lr, f"{setting}_schedule": kind}
+    if callable(value):
+        try:
+            probe = [float(value(p)) for p in (1.0, 0.5, 0.25, 0.0)]
+        except Exception as e:
+            raise UsageError(f"{key} schedule {value!r} failed at a progress remaining in [0, 1] ({e})") from None
+        v = probe[0]
+        if all(math.isclose(x, v, rel_tol=1e-9, abs_tol=1e-12) for x in probe):
+            return {setting: v, f"{setting}_schedule": "constant"}
+        if all(math.isclose(x, v * p, rel_tol=1e-9, abs_tol=1e-12) for x, p in zip(probe, (1.0, 0.5, 0.25, 0.0))):
+            return {setting: v, f"{setting}_schedule": "linear"}
+        raise UsageError(f"{key}={value!r}: hetrl takes a clip range that is constant or linear in the progress "
+                         f"remaining (rl-zoo's lin_X); this one gives {probe} at 1, 0.5, 0.25, 0")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {setting: float(value)}
+    raise UsageError(f"{key}={value!r} is not a number, 'lin_X' or a schedule callable")
+
+
 def train_freq(value: Any, num_envs: int) -> int:
     """SB3's train_freq (n, or (n, 'step'|'episode')) as hetrl's env steps per training phase."""
     n, unit = value, "step"
@@ -164,16 +185,18 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
     out: dict[str, Any] = {}
     default_arch, cnn_arch = sig.net_arch, sig.cnn_net_arch
     arch = kw.pop("net_arch", (cnn_arch if policy == "CnnPolicy" and cnn_arch is not None else default_arch))
+    pi_key, critic_key = sig.net_arch_keys
+    critic = f"{critic_key}_arch"   # qf_arch (off-policy critics), vf_arch (an on-policy value network)
     if isinstance(arch, dict):
-        unknown = set(arch) - {"pi", "qf"}
+        unknown = set(arch) - {pi_key, critic_key}
         if unknown or not sig.net_arch_dict:
-            what = "only pi and qf" if sig.net_arch_dict else f"{algo.upper()} takes a list"
+            what = f"only {pi_key} and {critic_key}" if sig.net_arch_dict else f"{algo.upper()} takes a list"
             raise UsageError(f"policy_kwargs net_arch={arch!r}: {what}"
-                             "; e.g. net_arch=[256, 256] or dict(pi=[64, 64], qf=[400, 300])")
-        pi, qf = list(arch.get("pi", [])), list(arch.get("qf", []))
-        out["net_arch"], out["qf_arch"] = pi, ([] if qf == pi else qf)
+                             f"; e.g. net_arch=[256, 256] or dict({pi_key}=[64, 64], {critic_key}=[400, 300])")
+        pi, qf = list(arch.get(pi_key, [])), list(arch.get(critic_key, []))
+        out["net_arch"], out[critic] = pi, ([] if qf == pi else qf)
     elif arch is not None:
-        out["net_arch"], out["qf_arch"] = list(arch), []
+        out["net_arch"], out[critic] = list(arch), []
     act = kw.pop("activation_fn", None)
     if act is not None:
         name = act if isinstance(act, str) else getattr(act, "__name__", repr(act))
@@ -184,7 +207,7 @@ def policy_kwargs(algo: str, kwargs: dict | None, policy: str, fields: set[str])
                              "(the compiled learner implements those)")
         out["activation"] = ACTIVATIONS[name]
     elif "activation" in fields:
-        out["activation"] = "relu"
+        out["activation"] = sig.activation
     if "n_critics" in kw:
         n = kw.pop("n_critics")
         if sig.n_critics is None or n != sig.n_critics:
@@ -226,10 +249,9 @@ def to_settings(algo: str, given: dict[str, Any], *, policy: str = "MlpPolicy", 
                 act_dim: int | None = None, env: str = "default") -> tuple[dict[str, Any], dict[str, Any]]:
     """(hetrl settings, what the SB3-style class keeps itself) from SB3 arguments `given` (SB3's defaults fill the
     rest). Every key of the algorithm's presets is set, so the presets take no part (SB3's defaults do)."""
-    from hetrl.config import preset_for, settings_class
+    from hetrl.config import defaults, preset_for, settings_class
 
-    cls = settings_class(algo)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = defaults(settings_class(algo))   # every flat key -> its default
     args = {**sb3_defaults(algo), **given}
     out: dict[str, Any] = {}
     keep: dict[str, Any] = {}
@@ -264,14 +286,32 @@ def to_settings(algo: str, given: dict[str, Any], *, policy: str = "MlpPolicy", 
             if v != 1:
                 raise UsageError(f"target_update_interval={v}: hetrl's {algo.upper()} updates its targets after "
                                  "every gradient step (SB3's default 1); drop it")
-        elif k in ("ent_coef", "target_entropy") and k in fields:
+        elif k in ("ent_coef", "target_entropy") and isinstance(fields.get(k), str):
             out[k] = v if isinstance(v, str) else repr(float(v))
+        elif k in ("clip_range", "clip_range_vf") and k in fields:
+            if k == "clip_range_vf" and v is None:
+                out[k] = 0.0   # SB3's None: no value clipping
+            else:
+                got = schedule(k, v, k)
+                if k == "clip_range_vf":   # hetrl's value clip follows clip_range's schedule
+                    got.pop("clip_range_vf_schedule", None)
+                out.update(got)
+        elif k == "target_kl" and k in fields:
+            out[k] = 0.0 if v is None else float(v)
+        elif k == "rollout_buffer_class":
+            if v is not None and getattr(v, "__name__", v) != "RolloutBuffer":
+                raise UsageError(f"rollout_buffer_class={getattr(v, '__name__', v)} is not supported (hetrl's rollout "
+                                 "storage is its own); drop it")
+        elif k == "rollout_buffer_kwargs":
+            if v:
+                raise UsageError(f"rollout_buffer_kwargs={v} not supported (hetrl's rollout storage takes none); drop "
+                                 "them")
         elif k == "policy_kwargs":
             out.update(policy_kwargs(algo, v, policy, set(fields)))
         elif k in TAIL:
             keep[k] = v
-        elif RENAMED.get(k, k) in fields:
-            out[RENAMED.get(k, k)] = v
+        elif k in fields or RENAMED.get(k, k) in fields:   # an algorithm's own n_steps (PPO's rollout) is its own
+            out[k if k in fields else RENAMED[k]] = v
         else:
             raise UsageError(f"{k}: hetrl's {algo.upper()} has no such argument (`hetrl settings {algo}` lists its "
                              "settings)")
@@ -282,6 +322,5 @@ def to_settings(algo: str, given: dict[str, Any], *, policy: str = "MlpPolicy", 
     # the presets' keys take the settings' own defaults where SB3 has no argument for them
     for k in preset_for(algo, env):
         if k not in out and k in fields and k not in ("steps", "seed"):
-            f = fields[k]
-            out[k] = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            out[k] = fields[k]
     return out, keep

@@ -5,7 +5,10 @@ wrappers). hetrl's actors, evaluations and actor processes each build their own 
 factory of copies (`EnvCopy`: a deep copy each call, picklable when the env is) or, where it cannot be copied, of
 new envs from its `spec` (`SpecEnv`); a vector env gives its width (num_envs) and its first env's factory.
 SB3's `Monitor` is taken off (hetrl counts the episodes itself; a Monitor writing a file is said so), its
-`VecFrameStack` becomes frame_stack; `VecNormalize` is refused (hetrl does not normalise observations).
+`VecFrameStack` becomes frame_stack, its `VecNormalize` the settings of the on-policy algorithms' own
+normalisation (normalize_obs, normalize_reward, clip_obs, clip_reward: hetrl/algos/onpolicy.py); the statistics
+hetrl learns are written back into the user's VecNormalize (`sync_vec_normalize`), so that its save / load and
+its evaluation mode (training=False) work as in SB3.
 
 `VecEnv` here is a small vector env with SB3's API (reset() -> obs; step() -> obs, rewards, dones, infos), what
 `model.get_env()` gives where Stable-Baselines3 is not installed (where it is: SB3's own DummyVecEnv).
@@ -14,6 +17,7 @@ SB3's `Monitor` is taken off (hetrl counts the episodes itself; a Monitor writin
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 import warnings
 from dataclasses import dataclass, field
@@ -61,6 +65,8 @@ class Converted:
     frame_stack: int = 1
     user_env: Any = None          # what get_env() gives back: the user's VecEnv, or the env to wrap
     notes: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)   # settings the env implies (a VecNormalize's)
+    vec_normalize: Any = None     # the user's VecNormalize, if any
 
 
 def picklable(spec: Any) -> bool:
@@ -137,15 +143,27 @@ def convert(env: Any) -> Converted:
                      "Gymnasium vector env, an SB3 VecEnv or a zero-argument env factory")
 
 
+def _vec_normalize_settings(v: Any) -> dict:
+    """The settings of SB3's VecNormalize `v` (hetrl's normalisation: the on-policy algorithms' settings)."""
+    if not math.isclose(float(getattr(v, "epsilon", 1e-8)), 1e-8):
+        raise UsageError(f"VecNormalize(epsilon={v.epsilon}): hetrl's normalisation uses epsilon=1e-8; keep the default")
+    if getattr(v, "norm_obs_keys", None):
+        raise UsageError("VecNormalize(norm_obs_keys=...) normalises Dict observations, which hetrl flattens; drop it")
+    return {"normalize_obs": bool(v.norm_obs), "normalize_reward": bool(v.norm_reward),
+            "clip_obs": float(v.clip_obs), "clip_reward": float(v.clip_reward)}
+
+
 def _convert_vec_env(venv: Any) -> Converted:
-    stack, v = 1, venv
+    stack, v, settings, vn = 1, venv, {}, None
     while hasattr(v, "venv"):   # SB3's VecEnvWrapper
         kind = type(v).__name__
         if kind == "VecFrameStack":
             stack *= int(v.stacked_obs.n_stack)
         elif kind == "VecNormalize":
-            raise UsageError("VecNormalize is not supported: hetrl does not normalise observations or rewards; pass "
-                             "the vector env without it")
+            if vn is not None or stack > 1:
+                raise UsageError("a VecNormalize above another wrapper (or twice) is not supported; put one "
+                                 "VecNormalize around the vector env of single envs")
+            settings, vn = _vec_normalize_settings(v), v
         elif kind not in _PASS_WRAPPERS:
             raise UsageError(f"the vector env wrapper {kind} is not supported; wrap the single envs instead (a "
                              "gymnasium wrapper inside the env factory)")
@@ -153,12 +171,29 @@ def _convert_vec_env(venv: Any) -> Converted:
     n = int(venv.num_envs)
     envs = getattr(v, "envs", None)
     if envs:   # DummyVecEnv: the env objects are here
-        return Converted(env_factory(envs[0]), n, stack, user_env=venv)
+        return Converted(env_factory(envs[0]), n, stack, user_env=venv, settings=settings, vec_normalize=vn)
     try:
         spec = v.get_attr("spec", [0])[0]
     except Exception:
         spec = None
-    return Converted(_spec_factory(spec, f"the vector env {type(v).__name__}"), n, stack, user_env=venv)
+    return Converted(_spec_factory(spec, f"the vector env {type(v).__name__}"), n, stack, user_env=venv,
+                     settings=settings, vec_normalize=vn)
+
+
+def sync_vec_normalize(vn: Any, algo: Any) -> None:
+    """Write the normalisation statistics hetrl learned (the algorithm's `normalization_state()`) into the user's
+    VecNormalize `vn`: what its save(), its evaluation mode and get_vec_normalize_env() then give."""
+    state = getattr(algo, "normalization_state", lambda: None)()
+    if vn is None or state is None:
+        return
+    if state.get("obs") is not None and getattr(vn, "obs_rms", None) is not None:
+        mean, var, count = state["obs"]
+        vn.obs_rms.mean = mean.reshape(vn.obs_rms.mean.shape).astype(vn.obs_rms.mean.dtype)
+        vn.obs_rms.var = var.reshape(vn.obs_rms.var.shape).astype(vn.obs_rms.var.dtype)
+        vn.obs_rms.count = float(count)
+    if state.get("ret") is not None and getattr(vn, "ret_rms", None) is not None:
+        mean, var, count = state["ret"]
+        vn.ret_rms.mean, vn.ret_rms.var, vn.ret_rms.count = float(mean), float(var), float(count)
 
 
 # ---- a vector env with SB3's API -------------------------------------------------------------------------------

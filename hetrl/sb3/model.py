@@ -41,7 +41,7 @@ from hetrl import api
 from hetrl.actors.envs import env_name, prepare_env, probe_spaces, raw_observation_space
 from hetrl.algos import make_algorithm
 from hetrl.checkpoint import FORMAT, read_checkpoint, save_run
-from hetrl.config import SYSTEM_KEYS, make_config, settings_class
+from hetrl.config import SYSTEM_KEYS, keys, make_config, settings_class
 from hetrl.errors import UsageError
 from hetrl.sb3 import args as sb3args
 from hetrl.sb3 import envs as sb3envs
@@ -61,7 +61,7 @@ class ReplayBufferView:
     def size(self) -> int:
         m = self._model
         if m.run is not None:
-            return len(m.run.schedule.replay)
+            return m.run.replay_size()
         replay = (m._pending or {}).get("replay")
         return int(replay["storage"]["size"]) if replay else 0
 
@@ -94,7 +94,7 @@ class OffPolicyModel:
         pname = sb3args.policy_name(policy, self.algo)
         conv = sb3envs.convert(env)
         own = {k: extra.pop(k) for k in OWN if k in extra}
-        fields = {f.name for f in dataclasses.fields(settings_class(self.algo))}
+        fields = set(keys(settings_class(self.algo)))
         for k, v in extra.items():
             if k not in fields:
                 raise UsageError(f"{type(self).__name__}(): unknown argument {k!r}; SB3's arguments are "
@@ -112,7 +112,9 @@ class OffPolicyModel:
                                              policy=pname, num_envs=conv.num_envs, act_dim=probe["act_dim"],
                                              env=env_name(conv.spec))
         sb3args.check_policy(pname, self._algo_cls(), probe["raw"], probe["obs"])
-        settings.update(num_envs=conv.num_envs, frame_stack=conv.frame_stack, eval_episodes=0, keep_best=False)
+        self._check_env_settings(conv, sb3)
+        settings.update(num_envs=conv.num_envs, frame_stack=conv.frame_stack, eval_episodes=0, keep_best=False,
+                        **conv.settings)
         device = sb3.get("device", "auto")
         if device is not None and str(device) != "auto":
             settings["device"] = str(device)
@@ -123,6 +125,14 @@ class OffPolicyModel:
                     lr_fn=keep.get("lr_fn"), spaces=(probe["raw"], probe["obs"], probe["act"]))
 
     # ---- construction ---------------------------------------------------------------------------
+    def _check_env_settings(self, conv: sb3envs.Converted, sb3: dict) -> None:
+        """An env that implies settings (SB3's VecNormalize) for an algorithm without them: one line."""
+        fields = set(keys(settings_class(self.algo)))
+        if conv.vec_normalize is not None and not set(conv.settings) <= fields:
+            raise UsageError(f"{type(self).__name__}(): a VecNormalize env, but hetrl's {self.algo.upper()} does not "
+                             "normalise observations or rewards (its on-policy algorithms do: PPO, A2C); pass the "
+                             "vector env without VecNormalize")
+
     @classmethod
     def _algo_cls(cls):
         from hetrl import registry
@@ -234,7 +244,7 @@ class OffPolicyModel:
     def learn(self, total_timesteps: int, callback=None, log_interval: int = 4, tb_log_name: str | None = None,
               reset_num_timesteps: bool = True, progress_bar: bool = False) -> "OffPolicyModel":
         """Train for total_timesteps env steps (SB3's learn); returns the model."""
-        from hetrl.callbacks import Hook, convert
+        from hetrl.sb3.callbacks import Hook, convert
 
         if self._conv is None:
             raise UsageError(f"this model has no env (loaded without one); pass env= to {type(self).__name__}.load(), "
@@ -282,9 +292,9 @@ class OffPolicyModel:
         try:
             state = self._state_for_run(run, zero_counters=reset)
             if state is not None:
-                run.schedule.load_state_dict(state)
+                run.load_state_dict(state)
             if self._lr_fn is not None:
-                run.schedule.core.lr_at = self._lr_fn
+                run.set_lr_schedule(self._lr_fn)
         except BaseException:
             run.close()
             raise
@@ -294,16 +304,16 @@ class OffPolicyModel:
 
     def _kernel_for_lr(self, cfg):
         """A callable learning_rate changes lr between learner calls, which a captured CUDA graph would not see."""
-        if self._lr_fn is None or cfg.learner_kernel not in ("auto", "cuda_graph"):
+        if self._lr_fn is None or cfg.system.learner_kernel not in ("auto", "cuda_graph"):
             return cfg
         from hetrl.runtime.core import resolve_device
 
-        if resolve_device(cfg.device).type != "cuda":
+        if resolve_device(cfg.system.device).type != "cuda":
             return cfg
-        if cfg.learner_kernel == "cuda_graph":
+        if cfg.system.learner_kernel == "cuda_graph":
             raise UsageError("learning_rate as a callable with learner_kernel=cuda_graph: a captured graph keeps lr "
                              "fixed; pass a float (or 'lin_X'), or learner_kernel='public'")
-        return dataclasses.replace(cfg, learner_kernel="public")
+        return cfg.replace(learner_kernel="public")
 
     def _state_for_run(self, run: api.Run, zero_counters: bool) -> dict | None:
         """What a new Run loads: the model's networks (unless as built), its counters (zero with
@@ -326,7 +336,7 @@ class OffPolicyModel:
         if run is None:
             return
         try:
-            state = run.schedule.state_dict(with_replay=True)
+            state = run.state_dict(with_replay=True)
             self._algo_obj = run.algo
             self._pending = {"counters": state["counters"] if keep_counters else {}, "torch_rng": state["torch_rng"],
                              "kernel": state.get("kernel"), "replay": state.get("replay")}
@@ -424,7 +434,7 @@ class OffPolicyModel:
             raise UsageError(f"set_parameters: {sorted(unknown)} are not the model's ({sorted(have)})")
         merged = {**have, **params}
         if self.run is not None:
-            self.run.schedule.core.load_algo(merged)
+            self.run.load_parameters(merged)
         else:
             algo.load_state_dict(merged)
             self._fresh = False
@@ -461,7 +471,7 @@ class OffPolicyModel:
             counters = dataclasses.asdict(Counters(**{k: v for k, v in ((self._pending or {}).get("counters") or
                                                                         {"env_steps": self.num_timesteps}).items()
                                                       if k in Counters.__dataclass_fields__}))
-            cfg = dataclasses.replace(self._cfg0, steps=max(1, self.num_timesteps))
+            cfg = self._cfg0.replace(steps=max(1, self.num_timesteps))
             state = {"algo": self._algo_obj.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state()}
             save_run(d, config=cfg.to_dict(), env=cfg.env, state=state, result={"algo": self.algo, "env": cfg.env})
         meta = {"format": MODEL_FORMAT, "class": type(self).__name__, "algo": self.algo, "policy": self.policy_class,
@@ -498,14 +508,14 @@ class OffPolicyModel:
             own, policy, seed = {}, "MlpPolicy", int(cfgd["seed"])
             sb3 = sb3args.sb3_defaults(algo)
         lr_fn = extras.get("lr_fn")
-        fields = {f.name for f in dataclasses.fields(settings_class(algo))}
+        fields = set(keys(settings_class(algo)))
         for k, v in kwargs.items():
             if k == "learning_rate":
                 settings["lr"], lr_fn, settings["lr_schedule"] = sb3args.learning_rate(v)
             elif k in OWN:
                 own[k] = v
-            elif sb3args.RENAMED.get(k, k) in fields:
-                settings[sb3args.RENAMED.get(k, k)] = v
+            elif k in fields or sb3args.RENAMED.get(k, k) in fields:
+                settings[k if k in fields else sb3args.RENAMED[k]] = v
             elif k in ("verbose", "tensorboard_log", "stats_window_size"):
                 sb3[k] = v
             else:
@@ -549,7 +559,7 @@ class OffPolicyModel:
         if p.suffix == "":
             p = p.with_suffix(".pkl")
         p.parent.mkdir(parents=True, exist_ok=True)
-        replay = self.run.schedule.replay.state_dict() if self.run is not None else (self._pending or {}).get("replay")
+        replay = self.run.replay_state_dict() if self.run is not None else (self._pending or {}).get("replay")
         torch.save({"format": "hetrl-replay/1", "replay": replay}, p)
 
     def load_replay_buffer(self, path: str | os.PathLike, truncate_last_traj: bool = True) -> None:
@@ -570,7 +580,7 @@ class OffPolicyModel:
             return
         try:
             if self.run is not None:
-                self.run.schedule.replay.load_state_dict(replay)
+                self.run.load_replay_state_dict(replay)
             else:
                 self._pending = {**(self._pending or {}), "replay": replay}
         except (ValueError, RuntimeError, KeyError) as e:
@@ -668,7 +678,8 @@ _CLASSES: dict[str, type[OffPolicyModel]] = {}
 def class_name(algo: str) -> str:
     """The class name of a registered algorithm: SB3's spelling of its name where it declares one (its
     `sb3.class_name`: DQN, SAC, TD3, DDPG, CrossQ), else its name upper-cased."""
-    from hetrl import registry, sb3compat
+    from hetrl import registry
+    from hetrl.sb3 import compat as sb3compat
 
     return sb3compat.class_name(algo, registry.get(algo))
 
@@ -678,9 +689,14 @@ def model_class(name: str) -> type[OffPolicyModel]:
     from hetrl import registry
 
     key = name.lower()
-    registry.get(key)   # a clear error for an unknown name
+    algo_cls = registry.get(key)   # a clear error for an unknown name
     if key not in _CLASSES:
-        cls = type(class_name(key), (OffPolicyModel,), {
+        base = OffPolicyModel
+        if getattr(algo_cls, "storage", "replay") == "rollout":   # SB3's on-policy interface (PPO, A2C)
+            from hetrl.sb3.onpolicy import OnPolicyModel
+
+            base = OnPolicyModel
+        cls = type(class_name(key), (base,), {
             "algo": key, "__module__": "hetrl.sb3",
             "__doc__": f"{key.upper()} with Stable-Baselines3's interface, trained by hetrl (hetrl/sb3/model.py)."})
         P = inspect.Parameter

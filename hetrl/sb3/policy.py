@@ -5,7 +5,7 @@ read it: `torch.save({"state_dict", "data"})` of SB3's policy class) for the bui
 CNN, not dueling), DDPG, TD3 and SAC with Box (or image) observations and no layer_norm, where SB3 is installed:
 hetrl's networks have SB3's layer layout, so their weights are renamed into an SB3 policy object that loads
 them strictly before it saves. Which SB3 policy class, which networks and their renames: the algorithm's `sb3`
-attribute (hetrl/sb3compat.py). Anything else is refused with the reason (the whole model: model.save()).
+attribute (hetrl/sb3/compat.py). Anything else is refused with the reason (the whole model: model.save()).
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ def sb3_policy(model):
     arch = list(s["net_arch"])
     if s.get("qf_arch"):
         arch = {"pi": arch, "qf": list(s["qf_arch"])}
+    if s.get("vf_arch"):   # an on-policy value network's own layers
+        arch = {"pi": arch, "vf": list(s["vf_arch"])}
+    if s.get("normalize_obs"):
+        raise UsageError("model.policy.save(): the observation normalisation is part of hetrl's policy, SB3 keeps it "
+                         "in VecNormalize; use model.save() (and the VecNormalize's save)")
     kw: dict[str, Any] = dict(observation_space=obs, action_space=model.action_space, lr_schedule=_constant,
                               net_arch=arch, activation_fn=act)
     target = sig.policy_classes.get(model.policy_class) or sig.policy_classes.get("MlpPolicy")

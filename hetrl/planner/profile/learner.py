@@ -51,7 +51,7 @@ class Learners:
         for dev in ctx.devices:
             ctx.say(f"learner kernel on {dev}: the candidates checked against the public one and timed, {K} steps")
             self.choices[dev] = kernels.choose(cfg, lambda dev=dev: make_algorithm(cfg, obs, act, dev), obs, act,
-                                               ctx.spec, dev, K, refresh=refresh).to_json()
+                                               ctx.learn_fields, dev, K, refresh=refresh).to_json()
         self.cpu_kernel = self.on(cfg, "cpu") if "cpu" in ctx.devices else None
         self.cpu_algo = self.cpu_kernel.algo if self.cpu_kernel is not None else make_algorithm(cfg, obs, act, "cpu")
 
@@ -86,8 +86,20 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
     out: dict = {"learn": {}, "learn_grouped": {}, "param_sync": {}}
     learn, grouped = out["learn"], out["learn_grouped"]
 
-    def timed(dev, th, algo, batch, wts, steps: int, one: dict | None) -> Timing:
-        return learn_timing(algo, batch, wts, dev, steps, cap_s=ctx.cap(), threads=th, one=one, **ctx.mkw)
+    def timed(dev, th, algo, batch, wts, steps: int, one: dict | None) -> dict:
+        return ctx.entry(lambda: learn_timing(algo, batch, wts, dev, steps, cap_s=ctx.cap(), threads=th, one=one,
+                                              **ctx.mkw))
+
+    def kept(section: str, *path) -> bool:
+        """An entry this pass does not measure: the table's, where it has one."""
+        if ctx.wants(section, *path):
+            return False
+        node = out[section]
+        for p in path[:-1]:
+            node = node.setdefault(str(p), {})
+        if ctx.previous(section, *path) is not None:
+            node[str(path[-1])] = ctx.previous(section, *path)
+        return True
 
     for dev in ctx.devices:
         learn[dev] = {}
@@ -95,21 +107,27 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
             torch.set_num_threads(th)
             learn[dev][str(th)] = {}
             for B in grid["batches"]:
+                if kept("learn", dev, th, B):
+                    continue
                 ctx.say(f"learner update on {dev}, batch {B}, {th} thread(s)")
-                algo = learners.on(type(cfg)(**{**cfg.to_dict(), "batch_size": B}), dev)
-                batch, wts = synthetic_batch(ctx.spec, ctx.act_space, B, 1, dev)
-                t = timed(dev, th, algo, batch, wts, 1, learn[dev]["1"][str(B)] if th > 1 else None)
-                learn[dev][str(th)][str(B)] = t.to_json()
+                algo = learners.on(cfg.replace(batch_size=B), dev)
+                batch, wts = synthetic_batch(ctx.learn_fields, ctx.act_space, B, 1, dev)
+                learn[dev][str(th)][str(B)] = timed(dev, th, algo, batch, wts, 1,
+                                                    learn[dev]["1"][str(B)] if th > 1 else None)
             if grid["k_groups"]:
                 grouped.setdefault(dev, {})[str(th)] = {}
             B = cfg.batch_size
             for K in grid["k_groups"]:
+                if kept("learn_grouped", dev, th, K):
+                    continue
                 ctx.say(f"learner update on {dev}, batch {B}, {K} grouped steps, {th} thread(s)")
                 algo = learners.on(cfg, dev)
-                batch, wts = synthetic_batch(ctx.spec, ctx.act_space, B, K, dev)
+                batch, wts = synthetic_batch(ctx.learn_fields, ctx.act_space, B, K, dev)
                 one = grouped[dev]["1"][str(K)] if th > 1 else None
-                grouped[dev][str(th)][str(K)] = timed(dev, th, algo, batch, wts, K, one).to_json()
+                grouped[dev][str(th)][str(K)] = timed(dev, th, algo, batch, wts, K, one)
         torch.set_num_threads(1)
+        if kept("param_sync", dev):
+            continue
         algo = make_algorithm(cfg, ctx.obs_space, ctx.act_space, dev)
         ctx.say(f"parameter publish + load from {dev}")
         store, pol = InProcessParameterStore(), algo.make_policy(seed=1)
@@ -117,5 +135,6 @@ def measure_learner(ctx: Context, learners: Learners) -> dict:
         def sync_params(store=store, pol=pol, algo=algo):
             store.publish(algo.policy_state())
             pol.load(store.latest(-1)[0])
-        out["param_sync"][dev] = measure(sync_params, cap_s=ctx.cap(), sync=sync_of(dev), **ctx.kw_of(dev)).to_json()
+        out["param_sync"][dev] = ctx.entry(lambda: measure(sync_params, cap_s=ctx.cap(), sync=sync_of(dev),
+                                                           **ctx.kw_of(dev)))
     return out

@@ -57,22 +57,33 @@ def measure_storage(ctx: Context) -> dict:
 
     data, out = _Data(ctx), {"ds_insert": {}, "ds_gather": {}}
     for dev in ctx.devices:
-        rb = data.replay(dev, prioritized=False)
         out["ds_insert"][dev], out["ds_gather"][dev] = {}, {}
+        todo = [(sec, n) for sec, sizes in (("ds_insert", ctx.grid["inserts"]), ("ds_gather", ctx.grid["samples"]))
+                for n in sizes]
+        for sec, n in todo:
+            if not ctx.wants(sec, dev, n) and ctx.previous(sec, dev, n) is not None:
+                out[sec][dev][str(n)] = ctx.previous(sec, dev, n)
+        if not any(ctx.wants(sec, dev, n) for sec, n in todo):
+            continue
+        rb = data.replay(dev, prioritized=False)
         for n in ctx.grid["inserts"]:
+            if not ctx.wants("ds_insert", dev, n):
+                continue
             ctx.say(f"data storage insert on {dev}, {n} transitions")
             b = data.batch(n)
             if dev != "cpu":
                 b = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in b.items()}
-            out["ds_insert"][dev][str(n)] = measure(lambda: rb.storage.insert(b), cap_s=ctx.cap(),
-                                                    sync=sync_of(dev), **ctx.kw_of(dev)).to_json()
+            out["ds_insert"][dev][str(n)] = ctx.entry(lambda: measure(lambda: rb.storage.insert(b), cap_s=ctx.cap(),
+                                                                      sync=sync_of(dev), **ctx.kw_of(dev)))
         for n in ctx.grid["samples"]:
+            if not ctx.wants("ds_gather", dev, n):
+                continue
             ctx.say(f"data storage gather on {dev}, {n} transitions")
             keys = ctx.rng.integers(0, data.capacity, n)
             if dev != "cpu":
                 keys = torch.from_numpy(keys).to(dev)
-            out["ds_gather"][dev][str(n)] = measure(lambda: rb.storage.get(keys), cap_s=ctx.cap(),
-                                                    sync=sync_of(dev), **ctx.kw_of(dev)).to_json()
+            out["ds_gather"][dev][str(n)] = ctx.entry(lambda: measure(lambda: rb.storage.get(keys), cap_s=ctx.cap(),
+                                                                      sync=sync_of(dev), **ctx.kw_of(dev)))
         rb = None   # freed before the next device's replay is filled
     return out
 
@@ -88,11 +99,15 @@ def measure_prefetch(ctx: Context, learner) -> dict:
         return {"prefetch": out}
     data = _Data(ctx)
     for name in ctx.grid.get("prefetch", []):
+        if not ctx.wants("prefetch", name):
+            if ctx.previous("prefetch", name) is not None:
+                out[name] = ctx.previous("prefetch", name)
+            continue
         ctx.say(f"prefetch thread vs the draw in line, {name} batches per learner call")
         kind, K = name.split(":")
         rb = data.replay("cpu", prioritized=kind == "prioritized")
         groups = BatchGroups(rb, ctx.spec, ctx.cfg.batch_size, int(K), preallocate=True)
-        out[name] = prefetch_timing(learner, rb, groups, int(K), cap_s=ctx.cap() + ctx.cap())
+        out[name] = ctx.entry(lambda: prefetch_timing(learner, rb, groups, int(K), cap_s=ctx.cap() + ctx.cap()))
         rb = groups = None
     return {"prefetch": out}
 
@@ -107,25 +122,34 @@ def measure_replay_manager(ctx: Context) -> dict:
     from hetrl.replay.sampler import UniformSampler
 
     capacity, rng, cpu = _Data(ctx).capacity, ctx.rng, ctx.cpu
+    sections = ("rm_insert", "rm_sample", "rm_uniform", "rm_update")
+    out: dict = {sec: {"cpu": {}} for sec in sections}
+    for sec in sections:
+        for n, prev in ((ctx.previous(sec, "cpu") or {}).items() if ctx.only is not None else ()):
+            if not ctx.wants(sec, "cpu", n):
+                out[sec]["cpu"][n] = prev
+    if not any(ctx.wants_any(sec) for sec in sections):
+        return out
     rbp = ReplayBuffer(capacity, {"reward": ((), "float32")}, "cpu", prioritized=True, seed=0)
     rbp.storage.size = capacity
     rbp.tree.update(np.arange(capacity), rng.random(capacity) + 0.01)
-    out: dict = {sec: {"cpu": {}} for sec in ("rm_insert", "rm_sample", "rm_uniform", "rm_update")}
+
+    def timed(sec: str, n: int, fn) -> None:
+        if ctx.wants(sec, "cpu", n):
+            out[sec]["cpu"][str(n)] = ctx.entry(lambda: measure(fn, cap_s=ctx.cap(), **cpu))
+
     for n in ctx.grid["inserts"]:
         ctx.say(f"replay manager insert (sum tree), {n} transitions")
         keys = rng.integers(0, capacity, n)
-        out["rm_insert"]["cpu"][str(n)] = measure(lambda: rbp.sampler.on_insert(keys), cap_s=ctx.cap(), **cpu).to_json()
+        timed("rm_insert", n, lambda: rbp.sampler.on_insert(keys))
     uniform = UniformSampler(rbp.rng)
     for n in ctx.grid["samples"]:
         ctx.say(f"replay manager sample / update, {n} keys")
-        out["rm_sample"]["cpu"][str(n)] = measure(lambda: rbp.sampler.sample(n, capacity), cap_s=ctx.cap(),
-                                                  **cpu).to_json()
-        out["rm_uniform"]["cpu"][str(n)] = measure(lambda: (uniform.sample(n, capacity), torch.ones(n)),
-                                                   cap_s=ctx.cap(), **cpu).to_json()
+        timed("rm_sample", n, lambda: rbp.sampler.sample(n, capacity))
+        timed("rm_uniform", n, lambda: (uniform.sample(n, capacity), torch.ones(n)))
         keys = rng.integers(0, capacity, n)
         td = torch.rand(n)
-        out["rm_update"]["cpu"][str(n)] = measure(lambda: rbp.update_priorities(keys, td), cap_s=ctx.cap(),
-                                                  **cpu).to_json()
+        timed("rm_update", n, lambda: rbp.update_priorities(keys, td))
     return out
 
 

@@ -1,5 +1,6 @@
 """The profile table: what a profile measured, read by the planner's model; where it is cached;
-the sizes a run needs measured; the last run's correction (calibrate).
+the sizes a run needs measured; the last run's correction (calibrate); what runs measured of the learner
+(record_in_run); which entries are provisional and how the model prices them.
 
 The document (JSON, docs/planner.md) holds one section per primitive, each a map from size (or
 device, thread count) to a :class:`~hetrl.planner.measure.Timing`; the sections are listed in
@@ -19,9 +20,20 @@ import time
 from pathlib import Path
 
 from hetrl.planner.measure import Timing
-from hetrl.runtime.layout import grads_per_phase, group_size, prefetch_fits  # the runtime's phase and group sizes
+from hetrl.runtime.layout import grads_per_phase, group_size, learns_rollouts, prefetch_fits  # the runtime's phase and group sizes
 
-FORMAT = "hetrl-profile/13"   # 13: the learner kernel per device (learner_kernel: a kernels.Choice)
+FORMAT = "hetrl-profile/14"   # 14: each entry's foreign load and provisional mark; learner figures measured in runs
+SECTIONS = ("env", "act", "infer", "learn", "learn_grouped", "param_sync", "ds_insert", "ds_gather", "prefetch",
+            "rm_insert", "rm_sample", "rm_uniform", "rm_update", "transfer")   # the measured sections
+# A t-thread learner figure measured under load is priced as the 1-thread figure x this time ratio where no
+# quiet measurement of this machine gives one: two threads ~1.3x faster, as quiet 2-core x86 VMs measured
+# (docs/planner.md); the run that follows the plan measures the truth and writes it back
+DEFAULT_THREAD_TIME = {1: 1.0}
+
+
+def default_thread_time(t: int) -> float:
+    """The prior time ratio of a t-thread learner to a 1-thread one: 1 / (1 + 0.3 (t - 1))."""
+    return DEFAULT_THREAD_TIME.get(t, 1.0 / (1.0 + 0.3 * (t - 1)))
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 QUICK_WIDTHS = (1, 2)
 
@@ -44,14 +56,14 @@ def network_key(cfg) -> str:
     from hetrl import registry
 
     for name in getattr(registry.get(cfg.algo), "shape_settings", ()):   # the algorithm's own (DQN: dueling)
-        value = getattr(cfg, name, None)
+        value = cfg.get(name)
         key += (f"-{name}" if value else "") if isinstance(value, bool) else f"-{name}{value}"
     return key
 
 
 def cache_path(cfg, machine: dict | None = None) -> Path:
     machine = machine or machine_info()
-    backend = "" if cfg.env_backend == "auto" else f"-{cfg.env_backend}"   # auto: the profile measured both
+    backend = "" if cfg.system.env_backend == "auto" else f"-{cfg.system.env_backend}"   # auto: the profile measured both
     return cache_dir() / f"profile-{cfg.algo}-{_slug(cfg.env)}-{network_key(cfg)}{backend}-{machine_id(machine)}.json"
 
 
@@ -75,6 +87,8 @@ def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
     per_group = group_size(g, True, cfg.priority_lag)
     if prefetch_fits(per_group, True, cfg.priority_lag):
         prefetch.append(prefetch_key(True, per_group))
+    if learns_rollouts(cfg):   # on-policy: no prefetch (a rollout is learned in the learner core's phase)
+        prefetch = []
     return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
             "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups, "prefetch": prefetch}
 
@@ -121,6 +135,25 @@ def _interp(points: dict, x: float) -> float:
     return max(0.0, ys[lo] + slope * (x - xs[lo])) if i else max(0.0, ys[0] - slope * (xs[0] - x))
 
 
+def _median_ratio(data: dict, device: str, t: int) -> float | None:
+    """The median of a profile's quiet t-thread / 1-thread learner time ratios (single and grouped steps, every
+    size where neither figure is provisional); None where there is none."""
+    import statistics
+
+    ratios = []
+    for section in ("learn", "learn_grouped"):
+        by_t = (data.get(section) or {}).get(device) or {}
+        one, many = by_t.get("1") or {}, by_t.get(str(t)) or {}
+        for size, e in many.items():
+            o = one.get(size)
+            if o is None or any(isinstance(x, dict) and x.get("provisional") for x in (e, o)):
+                continue
+            e_s, o_s = Timing.from_json(e).s, Timing.from_json(o).s
+            if o_s > 0:
+                ratios.append(e_s / o_s)
+    return statistics.median(ratios) if ratios else None
+
+
 class ProfileTable:
     """The profiled figures with the accessors the model uses (all in seconds).
 
@@ -128,6 +161,11 @@ class ProfileTable:
 
     def __init__(self, data: dict, path: Path | None = None, from_cache: bool = False):
         self.data, self.path, self.from_cache = data, path, from_cache
+        self._scaling: dict = {}     # (device, t) -> (ratio, source), computed once
+        self._used: dict = {}        # the scalings the model used (substitutions())
+        self.load_now = None         # the foreign load when the cache was read (profile.load_or_profile)
+        self.as_measured = False     # price provisional learner figures as measured (not by the thread scaling)
+        self.remeasured: list = []   # entries re-measured when this table was read
 
     # -- identity
     @property
@@ -159,6 +197,99 @@ class ProfileTable:
     def has(self, section: str, device: str) -> bool:
         return device in self.data.get(section, {})
 
+    # -- provisional entries
+    def provisional_entries(self) -> list[tuple[tuple[str, ...], str]]:
+        """(path, why) of every entry that is not the machine's truth: measured while other processes kept cores
+        busy, or not settled (profile/__init__.py re-measures them when the machine is quiet)."""
+        out: list[tuple[tuple[str, ...], str]] = []
+
+        def walk(node, path):
+            if not isinstance(node, dict):
+                return
+            if any(k in node for k in ("s", "latency_s", "serial_s")):
+                if node.get("provisional"):
+                    out.append((path, str(node["provisional"])))
+                return
+            for k, v in node.items():
+                walk(v, path + (str(k),))
+
+        for sec in SECTIONS:
+            walk(self.data.get(sec), (sec,))
+        return out
+
+    def _raw(self, section: str, *path: str):
+        node = self.data.get(section)
+        for p in path:
+            if not isinstance(node, dict) or str(p) not in node:
+                return None
+            node = node[str(p)]
+        return node
+
+    def provisional_threads(self, device: str = "cpu") -> list[int]:
+        """The thread counts > 1 with a provisional learner figure on `device`."""
+        return sorted({int(p[2]) for p, _ in self.provisional_entries()
+                       if p[0] in ("learn", "learn_grouped") and p[1] == device and int(p[2]) > 1})
+
+    def thread_scaling(self, device: str, t: int) -> tuple[float, str]:
+        """(time ratio of a t-thread learner to a 1-thread one on a quiet machine, where it comes from): this
+        profile's figures measured in runs, else its own quiet t-thread entries (other batch sizes or groups),
+        else the quiet entries of other profiles of this machine whose learner costs about as much (within 2x),
+        else the prior default_thread_time(t)."""
+        key = (device, t)
+        if key in self._scaling:
+            return self._scaling[key]
+        got = self._in_run_ratio(device, t)
+        if got is None:
+            got = _median_ratio(self.data, device, t)
+            got = (got, "of this profile's quiet entries") if got is not None else None
+        if got is None:
+            got = self._machine_ratio(device, t)
+        if got is None:
+            got = (default_thread_time(t), "assumed (no quiet measurement of this machine has one)")
+        self._scaling[key] = got
+        return got
+
+    def _in_run_ratio(self, device: str, t: int) -> tuple[float, str] | None:
+        for schedule, runs in sorted(((self.data.get("in_run") or {}).get("learn", {}).get(device) or {}).items()):
+            a, b = runs.get(str(t)), runs.get("1")
+            if a and b and not a.get("provisional") and not b.get("provisional") and a.get("batch") == b.get("batch") \
+                    and 0.5 <= a.get("k", 1) / max(b.get("k", 1), 1e-9) <= 2 and b["s"] > 0:
+                return a["s"] / b["s"], f"measured in {schedule} runs on this machine"
+        return None
+
+    def _machine_ratio(self, device: str, t: int) -> tuple[float, str] | None:
+        """The median quiet t-thread ratio of the other cached profiles of this machine with a learner of about
+        this one's cost (1-thread step within 2x at their batch size)."""
+        mine = self._raw("learn", device, "1", str(self.key.get("batch_size")))
+        if not self.path or not isinstance(mine, dict):
+            return None
+        ratios = []
+        for other in sorted(Path(self.path).parent.glob(f"profile-*-{self.data.get('machine_id')}.json")):
+            if other == Path(self.path):
+                continue
+            try:
+                data = json.loads(other.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("format") != FORMAT:
+                continue
+            theirs = ((data.get("learn") or {}).get(device) or {}).get("1", {}).get(str(data["key"].get("batch_size")))
+            if not isinstance(theirs, dict) or not 0.5 <= theirs["s"] / mine["s"] <= 2.0:
+                continue
+            r = _median_ratio(data, device, t)
+            if r is not None:
+                ratios.append(r)
+        if not ratios:
+            return None
+        import statistics
+
+        return statistics.median(ratios), f"of {len(ratios)} other quiet profile(s) of this machine"
+
+    def substitutions(self) -> dict[tuple[str, int], tuple[float, str]]:
+        """The thread scalings the model priced provisional learner figures with so far: {(device, t): (ratio,
+        where from)}."""
+        return dict(self._used)
+
     # -- primitives
     def env(self, w: int) -> float:
         return _interp(self._pts("env"), w)
@@ -180,7 +311,22 @@ class ProfileTable:
     def learn(self, device: str, batch: int, threads: int = 1) -> float:
         ts = self.learner_threads(device)
         t = max([x for x in ts if x <= threads] or [ts[0]])
-        return _interp(self._pts("learn", device, str(t)), batch)
+        return _interp(self._learn_pts("learn", device, t), batch)
+
+    def _learn_pts(self, section: str, device: str, t: int) -> dict[int, float]:
+        """A learner section's points at t threads; a provisional t > 1 point (measured under load, where
+        threads collapse) priced as the 1-thread point x the quiet machine's thread scaling (thread_scaling),
+        so that a loaded moment never makes a plan avoid threads for good."""
+        pts = self._pts(section, device, str(t))
+        if t <= 1 or self.as_measured:
+            return pts
+        node, one = self.data[section][device][str(t)], self.data[section][device].get("1", {})
+        for k in list(pts):
+            if isinstance(node[str(k)], dict) and node[str(k)].get("provisional") and str(k) in one:
+                ratio, source = self.thread_scaling(device, t)
+                self._used[(device, t)] = (ratio, source)
+                pts[k] = Timing.from_json(one[str(k)]).s * ratio
+        return pts
 
     def prefetch(self, device: str, prioritized: bool, group: int) -> dict:
         """The timing of the local schedule's learner loop with and without its prefetch thread, for a
@@ -196,11 +342,21 @@ class ProfileTable:
         """The last run's correction of the learner's profiled time on `device` (see calibrate())."""
         return self.data.get("calibration", {}).get("learn", {}).get(device)
 
+    def in_run(self, device: str, batch: int, threads: int, k: float, schedule: str) -> dict | None:
+        """What a run of `schedule` on this machine measured of its learner at `threads` (record_in_run), where it is
+        this workload (batch, about k steps per call) and not provisional (a local run's figure holds the actors'
+        share of the cores: it prices local plans only)."""
+        e = (((self.data.get("in_run") or {}).get("learn", {}).get(device) or {}).get(schedule) or {}).get(str(threads))
+        if not e or e.get("provisional") or e.get("batch") != batch or not 0.5 <= float(e.get("k", 1)) / max(k, 1) <= 2:
+            return None
+        return e
+
     def learn_step(self, device: str, batch: int, threads: int = 1, k: int = 1, calibrated: bool = True) -> float:
         """Seconds per gradient step when ``learn`` gets k steps per call: the grouped figure
         profiled at this thread count (the nearest profiled k), else the single-step figure
         scaled by the profiled gain of grouping, else the single-step figure; times the factor the
-        last run on this machine measured against it (calibrated=True, see calibrate())."""
+        last run on this machine measured against it (calibrated=True, see calibrate()). (What a run
+        measured of this workload, in_run(), the model takes before it.)"""
         cal = self.calibration(device) if calibrated else None
         return self._learn_step(device, batch, threads, k) * (float(cal["factor"]) if cal else 1.0)
 
@@ -211,7 +367,7 @@ class ProfileTable:
             return single
         ts = sorted(int(t) for t in g)
         th = max([x for x in ts if x <= threads] or [ts[0]])
-        pts = {int(kk): Timing.from_json(t).s for kk, t in g[str(th)].items()}
+        pts = self._learn_pts("learn_grouped", device, th)
         kk = min(pts, key=lambda x: (abs(math.log(x / k)), -x))
         if batch == self.key.get("batch_size"):
             return pts[kk]
@@ -292,8 +448,10 @@ class ProfileTable:
         rows = []
 
         def add(name, dev, size, t):
+            mark = " (provisional)" if isinstance(t, dict) and t.get("provisional") else ""
             t = Timing.from_json(t)
-            rows.append((name, dev, str(size), _fmt_s(t.s), f"{100 * t.spread:.1f}%" + ("" if t.stable else " (cap)")))
+            rows.append((name, dev, str(size), _fmt_s(t.s) + mark,
+                         f"{100 * t.spread:.1f}%" + ("" if t.stable else " (cap)")))
 
         for w, t in self.data.get("env", {}).items():
             add("env step (vector)", "cpu", f"W={w}", t)
@@ -317,11 +475,34 @@ class ProfileTable:
         for dev, t in self.data.get("param_sync", {}).items():
             add("param publish+load", dev, "", t)
         for key, link in self.data.get("transfer", {}).items():
+            mark = " (provisional)" if link.get("provisional") else ""
             for kind, lk in [("", link)] + ([(" pinned", link["pinned"])] if "pinned" in link else []):
-                rows.append((f"transfer{kind}", key, "latency", _fmt_s(lk["latency_s"]),
+                rows.append((f"transfer{kind}", key, "latency", _fmt_s(lk["latency_s"]) + mark,
                              f"{100 * lk.get('spread', 0):.1f}%"))
                 rows.append((f"transfer{kind}", key, "bandwidth", f"{lk['bandwidth_Bps'] / 1e9:.2f} GB/s", ""))
         return rows
+
+
+_ENTRY_NAMES = {"env": "env step", "act": "actor step", "infer": "inference", "learn": "learner update",
+                "learn_grouped": "learner update, grouped", "param_sync": "param publish+load",
+                "ds_insert": "DS insert",
+                "ds_gather": "DS gather", "prefetch": "learner loop, prefetch vs in line", "rm_insert": "RM insert",
+                "rm_sample": "RM sample (prio)", "rm_uniform": "RM sample (uniform)",
+                "rm_update": "RM priority update", "transfer": "transfer"}
+
+
+def entry_name(path: tuple[str, ...]) -> str:
+    """A profile entry's path in words: ("learn", "cpu", "2", "256") -> "learner update cpu, 2 threads, B=256"."""
+    sec, rest = path[0], list(path[1:])
+    name = _ENTRY_NAMES.get(sec, sec)
+    if sec in ("env", "act"):
+        return f"{name}, {rest[0]} env(s)"
+    if sec in ("learn", "learn_grouped"):
+        size = f"B={rest[2]}" if sec == "learn" else f"K={rest[2]}"
+        return f"{name} {rest[0]}, {rest[1]} thread(s), {size}"
+    if sec in ("prefetch", "transfer") or len(rest) == 1:
+        return f"{name} {rest[0]}"
+    return f"{name} {rest[0]}, n={rest[1]}"
 
 
 def _fmt_s(s: float) -> str:
@@ -338,12 +519,15 @@ CALIBRATION_RANGE = (0.25, 4.0)    # a factor outside is a different workload, n
 
 
 def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float, learner_s: float,
-              gradient_steps: int, run: str = "") -> dict | None:
+              gradient_steps: int, run: str = "", provisional: str | None = None) -> dict | None:
     """Feed a finished run's measured learner time back into its cached profile: the factor between
     the seconds per gradient step the run measured and the profile's figure for the same device,
     batch, threads and steps per call. The next plan on this machine predicts with it (a CPU shared with
     other programs changes speed with their load: a profile measured while it was quiet over-predicts
     a run made while it is busy).
+    A run made while other programs kept cores busy (`provisional`: why, as the run's follower saw it) is
+    not the machine's truth: its factor is kept apart (``calibration/learn_provisional``), shown, never priced
+    with, and the last quiet run's factor stays.
     Returns the calibration entry written, or None when the run was too short to say."""
     if gradient_steps < CALIBRATION_MIN_STEPS or learner_s < CALIBRATION_MIN_S:
         return None
@@ -357,7 +541,36 @@ def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float,
     if not CALIBRATION_RANGE[0] <= factor <= CALIBRATION_RANGE[1]:
         return None
     entry = {"factor": round(factor, 4), "measured_step_s": measured, "profiled_step_s": profiled,
-             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run}
-    table.data.setdefault("calibration", {}).setdefault("learn", {})[device] = entry
+             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run,
+             **({"provisional": provisional} if provisional else {})}
+    section = "learn_provisional" if provisional else "learn"
+    table.data.setdefault("calibration", {}).setdefault(section, {})[device] = entry
     table.save(Path(path))
     return entry
+
+
+IN_RUN_MIN_STEPS = 200             # an in-run learner figure needs this many gradient steps at its thread count
+
+
+def record_in_run(path: str | Path, device: str, entries: list[dict]) -> list[dict]:
+    """Write what a run measured of its learner into its cached profile, marked measured in a run: per schedule and
+    thread count (``in_run/learn/DEVICE/SCHEDULE/THREADS``), ``{"threads", "s" (seconds per gradient step), "k"
+    (steps per call), "batch", "schedule", "env_steps_per_s", "foreign" (cores other processes kept busy
+    meanwhile), "at", "run"}`` and, where other processes kept cores busy throughout, ``provisional`` (why).
+    The model prices a plan of that workload and schedule with it (ProfileTable.in_run) instead of the profiled
+    figure. Returns the entries written."""
+    try:
+        table = ProfileTable.load(Path(path))
+    except (ValueError, KeyError, OSError):
+        return []
+    runs = table.data.setdefault("in_run", {}).setdefault("learn", {}).setdefault(device, {})
+    written = []
+    for e in entries:
+        if e.get("gradient_steps", 0) < IN_RUN_MIN_STEPS or e.get("s", 0) <= 0:
+            continue
+        entry = {**e, "measured": "in run", "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        runs.setdefault(str(e.get("schedule", "inline")), {})[str(e["threads"])] = entry
+        written.append(entry)
+    if written:
+        table.save(Path(path))
+    return written

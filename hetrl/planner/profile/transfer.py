@@ -18,16 +18,25 @@ def measure_transfers(ctx: Context, ipc: bool = True) -> dict:
 
     tol, out = ctx.mkw["tol"], {}
     big = 8 << 20
+
+    def link(pair: str, fn: Callable[[], dict | None]) -> None:
+        """The link `pair`, measured with the foreign load watched (or the table's, where this pass keeps it)."""
+        if not ctx.wants("transfer", pair):
+            if ctx.previous("transfer", pair) is not None:
+                out[pair] = ctx.previous("transfer", pair)
+            return
+        got = ctx.entry(lambda: fn() or {})
+        if "latency_s" in got:
+            out[pair] = got
+
     ctx.say("transfer cpu->cpu (in-memory copy)")
     src_s, dst_s = np.ones(64, np.uint8), np.empty(64, np.uint8)
     src_b, dst_b = np.ones(big, np.uint8), np.empty(big, np.uint8)
-    out["cpu->cpu"] = _link(lambda: np.copyto(dst_s, src_s), lambda: np.copyto(dst_b, src_b),
-                            big, ctx.cap() + ctx.cap(), tol, clock=time.process_time)
+    link("cpu->cpu", lambda: _link(lambda: np.copyto(dst_s, src_s), lambda: np.copyto(dst_b, src_b),
+                                   big, ctx.cap() + ctx.cap(), tol, clock=time.process_time))
     if ipc:
         ctx.say("transfer between processes (pipe)")
-        link = _measure_ipc(ctx.cap() + ctx.cap(), tol)
-        if link:
-            out["ipc"] = link
+        link("ipc", lambda: _measure_ipc(ctx.cap() + ctx.cap(), tol))
     gpus = [d for d in ctx.devices if d != "cpu"]
     for g in gpus:
         def sync():
@@ -36,15 +45,20 @@ def measure_transfers(ctx: Context, ipc: bool = True) -> dict:
         hs, hb = torch.ones(16, dtype=torch.float32), torch.ones(big // 4, dtype=torch.float32)
         ps, pb = hs.pin_memory(), hb.pin_memory()
         ctx.say(f"transfer cpu<->{g}")
-        link = _link(lambda: hs.to(g), lambda: hb.to(g), big, ctx.cap() + ctx.cap(), tol, sync)
-        link["pinned"] = _link(lambda: ps.to(g, non_blocking=True), lambda: pb.to(g, non_blocking=True), big,
-                               ctx.cap() + ctx.cap(), tol, sync)
-        out[f"cpu->{g}"] = link
+
+        def to_gpu(g=g, hs=hs, hb=hb, ps=ps, pb=pb, sync=sync):
+            got = _link(lambda: hs.to(g), lambda: hb.to(g), big, ctx.cap() + ctx.cap(), tol, sync)
+            got["pinned"] = _link(lambda: ps.to(g, non_blocking=True), lambda: pb.to(g, non_blocking=True), big,
+                                  ctx.cap() + ctx.cap(), tol, sync)
+            return got
+        link(f"cpu->{g}", to_gpu)
         ds, db = hs.to(g), hb.to(g)
-        out[f"{g}->cpu"] = _link(lambda: ds.cpu(), lambda: db.cpu(), big, ctx.cap() + ctx.cap(), tol, sync)
+        link(f"{g}->cpu", lambda ds=ds, db=db, sync=sync: _link(lambda: ds.cpu(), lambda: db.cpu(), big,
+                                                                  ctx.cap() + ctx.cap(), tol, sync))
         for h in gpus:
             if h != g:
-                out[f"{g}->{h}"] = _link(lambda: ds.to(h), lambda: db.to(h), big, ctx.cap() + ctx.cap(), tol, sync)
+                link(f"{g}->{h}", lambda ds=ds, db=db, h=h, sync=sync: _link(lambda: ds.to(h), lambda: db.to(h), big,
+                                                                               ctx.cap() + ctx.cap(), tol, sync))
     return {"transfer": out}
 
 
