@@ -39,11 +39,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hetrl.kernels.kernel import Declined as KernelDeclined
+
 NUMBER = (int, float)
 PLAIN = (int, float, bool, str, type(None))
 
 
-class Declined(Exception):
+class Declined(KernelDeclined):
     """What the compiler cannot take; the message is one line naming the operation (or attribute) and why."""
 
 

@@ -992,6 +992,12 @@ if numba is not None:
     _llvm.add_symbol("hetrl_vm_expr", _expr_c.address)
     EXPR = types.ExternalFunction("hetrl_vm_expr", _EXPR_SIG)
 
+    @numba.njit(cache=True, parallel=True)
+    def touch(x):  # pragma: no cover - compiled
+        """A parallel region (the first one in a process makes numba start its threading layer)."""
+        for i in numba.prange(x.shape[0]):
+            x[i] += 1.0
+
     # ---- tasks, lanes, the phase -----------------------------------------------------------------------------------------
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def lane(INS, OPD, CODE, CST, F, TASKS, SEGSTART, rc, addr, units, counters, regs, prof):  # pragma: no cover
