@@ -182,3 +182,27 @@ def test_a_second_process_compiles_nothing():
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"misses": 0, "declined": None, "path": "derived"}, got
+
+
+def test_a_network_or_optimizer_changed_after_construction_is_traced_again():
+    """Programs are shared by algorithms of one class and settings: a layer or an optimizer replaced on one object
+    makes another program (here: RMSprop, and GELU / SiLU / Softplus hidden activations)."""
+    from torch import nn
+
+    def rmsprop(a):
+        a.opt = torch.optim.RMSprop(a.q.parameters(), lr=1e-3)
+
+    def activations(a):
+        a.q.body[1], a.q.body[3] = nn.GELU(), nn.SiLU()
+        a.q_target.body[1], a.q_target.body[3] = nn.Softplus(), nn.Sigmoid()
+
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16, 16], "n_quantiles": 4})
+    for edit in (None, rmsprop, activations):
+        def make(edit=edit):
+            a = make_algorithm(cfg, *CARTPOLE)
+            if edit is not None:
+                edit(a)
+            return a
+        phases, weights = _phases(make, K=2, B=32)
+        ok, detail = check_equal(make, CompiledKernel, phases, weights)
+        assert ok and not detail.get("declined"), (edit, detail)

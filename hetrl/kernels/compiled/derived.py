@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 import torch
@@ -39,8 +40,13 @@ def _numpy_dtype(dt):
 
 
 def settings_key(algo) -> tuple:
+    """What a traced program depends on beside the batch: the class, its settings, its spaces, and the structure of
+    the networks and optimizers it holds (a layer replaced on one object after construction is another program)."""
     cfg = getattr(algo, "cfg", None)
-    return (type(algo), repr(cfg), tuple(getattr(algo, "obs_shape", ())), repr(getattr(algo, "act_space", None)))
+    held = tuple((name, repr(v) if isinstance(v, torch.nn.Module) else type(v).__qualname__)
+                 for name, v in sorted(vars(algo).items())
+                 if isinstance(v, (torch.nn.Module, torch.optim.Optimizer)) or hasattr(v, "param_groups"))
+    return (type(algo), repr(cfg), tuple(getattr(algo, "obs_shape", ())), repr(getattr(algo, "act_space", None)), held)
 
 
 def hyper_key(algo) -> tuple:
@@ -78,6 +84,7 @@ class Derived:
         self.skey = settings_key(algo)
         self._scratch: dict = {}
         self.profile_cycles: np.ndarray | None = None   # (lanes, instructions + 1): set to profile (see profile())
+        self.compile_s = 0.0    # seconds this object spent tracing and lowering (a program another made is free)
 
     def unit_for(self, batches, weights) -> tuple[Unit, int]:
         """(the program for this phase's units, U)."""
@@ -89,8 +96,10 @@ class Derived:
         with _LOCK:
             got = _PROGRAMS.get(key)
         if got is None:
+            t0 = time.perf_counter()
             b, w = unit_batch(batches, weights, U)
             got = Unit(self.algo, b, w)
+            self.compile_s += time.perf_counter() - t0
             with _LOCK:
                 _PROGRAMS[key] = got
         return got, U

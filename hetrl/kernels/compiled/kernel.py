@@ -197,6 +197,16 @@ class CompiledKernel(Kernel):
         # the first phase (an optimizer's state is made by its first step), or an algorithm the compiler declined
         return self.algo.learn(batches, weights)
 
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling: the heads' (or the VM's) load or compile, and the derived phase's trace and
+        lowering (made at its first traced phase)."""
+        return self._compile_s + (self.derived.compile_s if getattr(self, "derived", None) is not None else 0.0)
+
+    @compile_s.setter
+    def compile_s(self, value: float) -> None:
+        self._compile_s = value
+
     def decline(self, why: str) -> None:
         """Run the public learn from now on, and say why once (one line naming the operation and the algorithm)."""
         who = type(self.algo).__qualname__
