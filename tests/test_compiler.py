@@ -206,3 +206,16 @@ def test_a_network_or_optimizer_changed_after_construction_is_traced_again():
         phases, weights = _phases(make, K=2, B=32)
         ok, detail = check_equal(make, CompiledKernel, phases, weights)
         assert ok and not detail.get("declined"), (edit, detail)
+
+
+def test_a_policy_without_a_net_attribute_acts_as_it_is():
+    import extending_example  # noqa: F401  (registers "twinq")
+
+    algo = _maker("twinq")()
+    kernel = CompiledKernel(algo)
+    try:
+        policy = algo.make_policy(seed=0)
+        assert kernel.wrap_policy(policy) is policy
+        policy.act(torch.zeros(2, 4).numpy(), 0.0)
+    finally:
+        kernel.close()

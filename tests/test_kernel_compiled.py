@@ -614,7 +614,7 @@ def test_close_restores_the_thread_settings_it_changed():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["compiled"] == 1
     assert got["before"] == got["after"] and got["during"][0] == 1 and got["during"][1] == got["before"][1]
-    assert got["figures"] == {"gemm": "openblas", "lanes": 2}
+    assert got["figures"] == {"gemm": "openblas", "lanes": 2, "path": "head"}
     assert any(n == 1 for _, n in got["during"][2]) and got["during"][2] != got["before"][2]
 
 

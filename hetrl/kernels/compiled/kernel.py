@@ -237,9 +237,13 @@ class CompiledKernel(Kernel):
         torch.set_num_threads(1)
 
     def wrap_policy(self, policy):
+        """The policy with the MLPs of its network (`policy.net`, where it has one: the built-ins' policies) run by the
+        compiled pieces; any other policy as it is."""
         from hetrl.kernels.compiled.acting import wrap
 
-        wrap(policy.net, self.gemm)
+        net = getattr(policy, "net", None)
+        if isinstance(net, torch.nn.Module):
+            wrap(net, self.gemm)
         return policy
 
     def prepare(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> None:
