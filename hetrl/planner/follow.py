@@ -74,12 +74,14 @@ class Follower:
     """See the module docstring. `core`: the run's learner core (counters, clock, thread governor, kernel);
     `plan_info`: what api.auto_plan gave the run (its plan, prediction, pins, profile path)."""
 
-    def __init__(self, core, cfg, plan_info: dict, *, warm_s: float = WARM_S, window_s: float = WINDOW_S,
+    def __init__(self, core, cfg, plan_info: dict, *, warm_s: float | None = None, window_s: float | None = None,
                  table=None, reader=None):
         from hetrl.planner.load import LoadLog
 
         self.core, self.cfg, self.info = core, cfg, plan_info.get("plan") or {}
-        self.warm_s, self.window_s = warm_s, window_s
+        # (the module's settings read now, not when the class was defined: a test or a caller may set them)
+        self.warm_s = WARM_S if warm_s is None else warm_s
+        self.window_s = WINDOW_S if window_s is None else window_s
         self.log = LoadLog(reader, min_s=0.0)
         self.plan = dict(self.info.get("plan") or {})
         self.predicted = float(plan_info.get("predicted_env_steps_per_s") or 0.0)
