@@ -264,23 +264,29 @@ def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
         for settings in ({}, {"activation": "tanh", "layer_norm": True}, {"net_arch": [7, 5, 3], "activation": "elu"}):
             cfg = make_config(name, ENV[name], {"net_arch": [8], **settings})
             assert CompiledKernel.check(make_algorithm(cfg, *(DQN_SPACES if name == "dqn" else AC_SPACES))) is None
+    # what a head has no piece for runs the phase derived from the algorithm's learn
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [8], "dueling": True})
-    assert CompiledKernel.check(make_algorithm(cfg, *DQN_SPACES)) == (
+    dueling = make_algorithm(cfg, *DQN_SPACES)
+    assert CompiledKernel.check_path(dueling, "head") == (
         "the Q network is dueling (value and advantage heads), which the compiled kernel has no piece for")
+    assert CompiledKernel.check(dueling) is None and CompiledKernel.path_for(dueling) == "derived"
     pong = make_config("dqn", "ALE/Pong-v5", {"net_arch": []})
     pixels = make_algorithm(pong, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
     assert "pixels" in CompiledKernel.check(pixels)
     ddpg = make_algorithm(make_config("ddpg", "Pendulum-v1", {"net_arch": [8, 8]}), *AC_SPACES)
     ddpg.critic.q[1] = nn.Dropout(0.1)   # no parameters: the flat buffer is unchanged
-    assert CompiledKernel.check(ddpg) == "the critic's layer 1 is a Dropout, which the compiled kernel has no piece for"
+    assert CompiledKernel.check_path(ddpg, "head") == (
+        "the critic's layer 1 is a Dropout, which the compiled kernel has no piece for")
     sac = make_algorithm(make_config("sac", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
     sac.critics[1].q[1] = nn.GELU()
-    assert CompiledKernel.check(sac) == "critic 2's layer 1 is a GELU, which the compiled kernel has no piece for"
+    assert CompiledKernel.check_path(sac, "head") == (
+        "critic 2's layer 1 is a GELU, which the compiled kernel has no piece for")
+    assert CompiledKernel.check(sac) is None and CompiledKernel.path_for(sac) == "derived"
     with pytest.raises(ValueError, match="critic 2's layer 1 is a GELU"):
-        CompiledKernel(sac)
+        CompiledKernel(sac, path="head")
 
 
-def test_check_declines_float64_and_a_subclass_that_may_change_the_loss():
+def test_check_declines_float64_and_a_subclass_gets_the_derived_phase():
     from hetrl.algos.dqn import DQN
     from hetrl.algos.nets import FlatAdam
 
@@ -290,12 +296,11 @@ def test_check_declines_float64_and_a_subclass_that_may_change_the_loss():
     algo.opt = FlatAdam(algo.q, 1e-3)
     assert "float64" in CompiledKernel.check(algo) and "float32 on the CPU" in CompiledKernel.check(algo)
 
-    class MyDQN(DQN):
+    class MyDQN(DQN):   # may change the loss: its head is not used, its own learn is compiled
         pass
 
     mine = MyDQN(cfg, *DQN_SPACES)
-    assert CompiledKernel.check(mine).endswith(
-        "the compiled kernel has loss heads for hetrl's DQN, DDPG, TD3, SAC, CrossQ only")
+    assert CompiledKernel.check(mine) is None and CompiledKernel.path_for(mine) == "derived"
 
 
 # ---- acting ----------------------------------------------------------------------------------------------
@@ -610,7 +615,7 @@ def test_close_restores_the_thread_settings_it_changed():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["compiled"] == 1
     assert got["before"] == got["after"] and got["during"][0] == 1 and got["during"][1] == got["before"][1]
-    assert got["figures"] == {"gemm": "openblas", "lanes": 2}
+    assert got["figures"] == {"gemm": "openblas", "lanes": 2, "path": "head"}
     assert any(n == 1 for _, n in got["during"][2]) and got["during"][2] != got["before"][2]
 
 

@@ -14,6 +14,11 @@ from __future__ import annotations
 import torch
 
 
+class Declined(Exception):
+    """A kernel cannot run this algorithm's learn (found while compiling it); the message is one line naming the
+    operation and the algorithm. The gate (select.py) records it in the Choice's `declined` and keeps public."""
+
+
 class Kernel:
     name = "?"
     releases_gil = False     # its learn runs without Python's GIL (a population's members then learn side by side)
@@ -21,6 +26,9 @@ class Kernel:
     # mid-run (the thread governor under load, the planner's run-time correction, hetrl/planner/follow.py); a
     # kernel whose reductions follow the threads (torch's MKL / OpenMP GEMMs) keeps the count it starts with
     threads_exact = False
+    # where the kernel found, at its first phases, that it cannot run this algorithm (one line, see Declined) and runs
+    # the public learn instead
+    declined: str | None = None
 
     def __init__(self, algo, **options):
         self.algo = algo

@@ -210,10 +210,13 @@ def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches:
                 worst, where = ratio, w
             if twin.updates != ref.updates:
                 worst, where = math.inf, f"updates {twin.updates} vs {ref.updates}"
+            declined = kernel.declined
         finally:
             kernel.close()
     detail = {"phases": len(batches), "steps": int(weights.shape[0]), "tolerance_used": round(worst, 4),
               "worst": where, "cancelled": cancelled}
+    if declined:    # it ran the public learn: equal, but not itself
+        detail["declined"] = declined
     return worst <= 1.0, detail
 
 
@@ -276,7 +279,9 @@ def select(make_algo: Callable[[], Any], spec: dict, act_space, batch_size: int,
         passed = []
         for name in applicable:
             ok, detail = check_equal(make_algo, classes[name], phases_b, weights, seed)
-            if ok:
+            if detail.get("declined"):
+                choice.declined[name] = detail["declined"]
+            elif ok:
                 choice.checked[name] = detail
                 passed.append(name)
             else:

@@ -1,8 +1,8 @@
-"""numba's cache of the compiled kernel, keyed to all of the kernel's source files.
+"""numba's cache of the compiled kernel, keyed to all of the kernel's numba source files.
 
 numba keys a cached function to its own source file only, but a head's machine code contains the pieces it
 calls from the other files (layers.py, optim.py, sgemm.py): after an edit of one of those, the heads would load
-stale code from the cache. Here every function of this package is stamped with a hash of all of the package's
+stale code from the cache. Here every function of this package is stamped with a hash of all of the package's numba
 sources instead, by wrapping numba's cache locators (where they are found; otherwise numba's own keys stay).
 Imported by the package before any of its numba functions is defined.
 """
@@ -17,14 +17,22 @@ PACKAGE = Path(__file__).resolve().parent
 _memo: dict[tuple, bytes] = {}
 
 
+def _compiled_here(f: Path) -> bool:
+    """Whether a source file defines numba functions (the compiler's Python-only stages, tracing and lowering, do
+    not: an edit of those keeps the machine code cached)."""
+    text = f.read_text()
+    return "numba.njit" in text or "numba.cfunc" in text
+
+
 def package_stamp() -> bytes:
-    """A hash of every .py file of this package (memoised on their sizes and modification times)."""
+    """A hash of every .py file of this package that defines numba functions (memoised on the package's files'
+    sizes and modification times)."""
     files = sorted(PACKAGE.glob("*.py"))
     key = tuple((f.name, st.st_mtime_ns, st.st_size) for f in files for st in [os.stat(f)])
     got = _memo.get(key)
     if got is None:
         h = hashlib.sha256()
-        for f in files:
+        for f in filter(_compiled_here, files):
             h.update(f.name.encode())
             h.update(f.read_bytes())
         got = _memo[key] = h.digest()

@@ -1,9 +1,11 @@
-"""CompiledKernel: an algorithm's learn as one numba call per phase, on its own parameters and optimizer state.
+"""CompiledKernel: an algorithm's learn as one native call per phase, on its own parameters and optimizer state.
 
-It wraps a built-in algorithm from outside: the loss head for its class (dqn.py, actor_critic.py, sac.py, crossq.py)
-compiles each of its networks into a program over the per-layer pieces (layers.py) and steps its optimizers
-with the one Adam (optim.py), on the GEMM bound for the process (sgemm.py). `check(algo)` says in one line why
-it does not take an algorithm (a layer without a piece, dueling heads, pixels, a GPU, float64, ...).
+It wraps any algorithm on the protocol from outside. Its phase is *derived* from the algorithm's own `learn`
+(derived.py: traced with make_fx, lowered onto the bound GEMM and the VM's fused passes over fixed row blocks; see
+docs/compiled.md); a built-in whose hand-derived loss head is still measured faster (HEADS: dqn.py, actor_critic.py,
+sac.py, crossq.py over layers.py and optim.py) runs that head. `check(algo)` says in one line why it does not take
+an algorithm (pixels, a GPU, float64); what is found only by tracing (an operation without a lowering, a read of a
+tensor's value in Python) is one line in `declined` after the first phases, which then run the public learn.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import time
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled import sgemm
-from hetrl.kernels.kernel import Kernel
+from hetrl.kernels.compiled import sgemm, vm
+from hetrl.kernels.compiled.derived import Derived
+from hetrl.kernels.kernel import Declined, Kernel
 
 try:
     import numba
@@ -48,32 +51,53 @@ def threadsafe_layer() -> str | None:
     try:
         layer = numba.threading_layer()
     except ValueError:   # no parallel region has run in this process yet: run one, so numba picks its layer
-        _touch(np.zeros(2))
+        vm.touch(np.zeros(2))
         layer = numba.threading_layer()
     return None if layer in ("omp", "tbb") else (
         f"numba's threading layer is {layer}, which one thread at a time may enter (install TBB, `pip install tbb`, "
         "or use a numba built with OpenMP for members side by side)")
 
 
-if numba is not None:
-    @numba.njit(cache=True, parallel=True)
-    def _touch(x):
-        for i in numba.prange(x.shape[0]):
-            x[i] += 1.0
+# the built-in algorithms whose hand-derived loss head still runs their phases (where it takes them): a head is kept
+# only while it is measured faster than the derived phase (docs/compiled.md); every other algorithm, and a built-in
+# its head does not take, runs the phase derived from its own learn (derived.py)
+HEADS = {"DQN": ("dqn", "DQNHead"), "DDPG": ("actor_critic", "ActorCriticHead"),
+         "TD3": ("actor_critic", "ActorCriticHead"), "SAC": ("sac", "SACHead"), "CrossQ": ("crossq", "CrossQHead")}
 
 
 def head_class(algo):
-    """The head for `algo`'s class, or a line saying why none: a head is the loss of one built-in algorithm, so
-    a subclass (which may change the loss) is not taken."""
+    """The hand-derived head for `algo`'s class, or None: a head is the loss of one built-in algorithm, so a
+    subclass (which may change the loss) gets the derived phase."""
     import importlib
 
     cls = type(algo)
     spec = HEADS.get(cls.__name__)
     if spec is None or not cls.__module__.startswith("hetrl."):
-        return (f"the algorithm is {cls.__module__}.{cls.__name__}; the compiled kernel has loss heads for hetrl's "
-                f"{', '.join(HEADS)} only")
+        return None
     module = importlib.import_module(f"hetrl.kernels.compiled.{spec[0]}")
     return getattr(module, spec[1])
+
+
+def derived_check(algo) -> str | None:
+    """None where the derived phase may take `algo` (what is found only by tracing its learn, an operation without a
+    lowering, is declined at its first phase, Kernel.declined); else one line why not."""
+    who = f"{type(algo).__module__}.{type(algo).__qualname__}"
+    if not callable(getattr(algo, "learn", None)):
+        return f"{who} has no learn"
+    modules = [m for m in vars(algo).values() if isinstance(m, torch.nn.Module)]
+    for m in modules:
+        for sub in m.modules():
+            if isinstance(sub, (torch.nn.modules.conv._ConvNd, torch.nn.modules.pooling._MaxPoolNd)):
+                return (f"{who}'s {type(sub).__name__} layers (pixels) stay on the public kernel: the compiled kernel "
+                        "lowers matrix products and elementwise passes, not convolutions")
+        for p in m.parameters():
+            if p.device.type != "cpu":
+                return (f"{who}'s networks are on {p.device.type}; the compiled kernel runs on the CPU (the CUDA-graph "
+                        "kernel is the GPU path)")
+            if p.dtype != torch.float32:
+                return (f"{who}'s parameters are {p.dtype}; the compiled kernel runs float32 on the CPU "
+                        "(make the networks float32, or use learner_kernel=public)")
+    return None
 
 
 class CompiledKernel(Kernel):
@@ -89,8 +113,9 @@ class CompiledKernel(Kernel):
     def side_by_side(cls) -> bool:
         return threadsafe_layer() is None
 
-    def __init__(self, algo, gemm: str | None = None, critic_lanes: bool = True, **options):
-        why = self.check(algo)
+    def __init__(self, algo, gemm: str | None = None, critic_lanes: bool = True, path: str | None = None,
+                 **options):
+        why = self.check(algo) if path is None else self.check_path(algo, path)
         if why:
             raise ValueError(f"the compiled kernel does not take this algorithm: {why}")
         super().__init__(algo)
@@ -106,7 +131,12 @@ class CompiledKernel(Kernel):
                   f"on {gemm} in the last bits", file=sys.stderr)
             gemm = bound
         self.gemm = sgemm.bind(gemm)
-        self.head = head_class(algo)(algo, critic_lanes=critic_lanes, **options)
+        self.path = path or self.path_for(algo)
+        self.head = head_class(algo)(algo, critic_lanes=critic_lanes, **options) if self.path == "head" else None
+        self.derived = Derived(algo) if self.path == "derived" else None
+        # the derived phase's rows run in fixed blocks summed in a fixed order: the same bits on any thread count
+        self.threads_exact = self.path == "derived"
+        self.declined = None
         self.threads = 0                # the learner's threads (use_threads); 0: torch's count
         self._torch_threads: int | None = None   # torch's count before use_threads set it to one
         self._lanes = 0
@@ -116,17 +146,35 @@ class CompiledKernel(Kernel):
         torch_threads = torch.get_num_threads()
         # numba's parallel regions share torch's OpenMP runtime, and their first launch in a process sets the count
         # torch reads to numba's: put it back
-        self.head.warm(self.lanes(2))
+        if self.head is not None:
+            self.head.warm(self.lanes(2))
+        else:   # numba's parallel layer started here, so that torch's thread count is put back below
+            vm.touch(np.zeros(2))
         torch.set_num_threads(torch_threads)
         self.compile_s = time.perf_counter() - t0
 
     @classmethod
+    def path_for(cls, algo) -> str:
+        """"head" where a hand-derived head is kept for algo's class and takes it, else "derived"."""
+        head = head_class(algo)
+        return "head" if head is not None and head.check(algo) is None else "derived"
+
+    @classmethod
     def check(cls, algo) -> str | None:
+        return cls.check_path(algo, cls.path_for(algo)) if available() is None else available()
+
+    @classmethod
+    def check_path(cls, algo, path: str) -> str | None:
         why = available()
         if why:
             return why
-        head = head_class(algo)
-        return head if isinstance(head, str) else head.check(algo)
+        if path == "head":
+            head = head_class(algo)
+            return (head.check(algo) if head is not None else
+                    f"{type(algo).__qualname__} has no hand-derived head (its phase is derived from its learn)")
+        if path != "derived":
+            raise ValueError(f"path={path!r}: head or derived")
+        return derived_check(algo)
 
     def lanes(self, B: int) -> int:
         """The lanes a phase splits its batch rows over: the learner's threads, at most numba's threads and B."""
@@ -136,7 +184,35 @@ class CompiledKernel(Kernel):
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         nl = self._lanes = self.lanes(weights.shape[1])
         self._numba_threads(nl)
-        return self.head.learn(batches, weights, nl)
+        if self.head is not None:
+            return self.head.learn(batches, weights, nl)
+        if self.declined is None:
+            try:
+                got = self.derived.learn(batches, weights, nl)
+            except Declined as e:
+                self.decline(str(e))
+            else:
+                if got is not None:
+                    return got
+        # the first phase (an optimizer's state is made by its first step), or an algorithm the compiler declined
+        return self.algo.learn(batches, weights)
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling: the heads' (or the VM's) load or compile, and the derived phase's trace and
+        lowering (made at its first traced phase)."""
+        return self._compile_s + (self.derived.compile_s if getattr(self, "derived", None) is not None else 0.0)
+
+    @compile_s.setter
+    def compile_s(self, value: float) -> None:
+        self._compile_s = value
+
+    def decline(self, why: str) -> None:
+        """Run the public learn from now on, and say why once (one line naming the operation and the algorithm)."""
+        who = type(self.algo).__qualname__
+        self.declined = why if who in why else f"{type(self.algo).__module__}.{who}: {why}"
+        self.threads_exact = False
+        print(f"warning: the compiled kernel runs the public learn: {self.declined}", file=sys.stderr)
 
     def _numba_threads(self, n: int) -> None:
         """numba's thread count for the calling thread (its own setting, per thread): n, changed only when it is not
@@ -161,9 +237,13 @@ class CompiledKernel(Kernel):
         torch.set_num_threads(1)
 
     def wrap_policy(self, policy):
+        """The policy with the MLPs of its network (`policy.net`, where it has one: the built-ins' policies) run by the
+        compiled pieces; any other policy as it is."""
         from hetrl.kernels.compiled.acting import wrap
 
-        wrap(policy.net, self.gemm)
+        net = getattr(policy, "net", None)
+        if isinstance(net, torch.nn.Module):
+            wrap(net, self.gemm)
         return policy
 
     def prepare(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> None:
@@ -175,8 +255,11 @@ class CompiledKernel(Kernel):
         out = {"gemm": self.gemm, "lanes": self._lanes}
         if sgemm.note() or self._gemm_note:
             out["gemm_note"] = self._gemm_note or sgemm.note()
-        if self.head.lane_split:
+        out["path"] = self.path
+        if self.head is not None and self.head.lane_split:
             out["lane_split"] = self.head.lane_split
+        if self.declined:
+            out["declined"] = self.declined
         return out
 
     def close(self) -> None:

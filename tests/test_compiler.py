@@ -1,0 +1,221 @@
+"""The compiled kernel derived from an algorithm's own learn (hetrl/kernels/compiled/{trace,graph,program,vm,derived}.py)
+takes algorithms it has never seen: a user's QR-DQN registered from outside hetrl, a subclass of a built-in,
+docs/extending.md's TwinQ; it is equal to their public learn, bit-identical on one and two threads, declines in one
+line what it cannot lower, and a later process compiles nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+
+import qrdqn_example  # noqa: F401  (registers "qrdqn")
+from hetrl.algos import make_algorithm
+from hetrl.config import make_config
+from hetrl.kernels import check_equal, select, synthetic_batch
+from hetrl.kernels.compiled import CompiledKernel, available
+
+pytestmark = pytest.mark.skipif(available() is not None, reason="numba/scipy not installed")
+
+CARTPOLE = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+
+
+def _maker(name, **settings):
+    cfg = make_config(name, "CartPole-v1", {"net_arch": [32, 32], **settings})
+    return lambda: make_algorithm(cfg, *CARTPOLE)
+
+
+def _phases(make, K=4, B=64, n=3, seed=0):
+    spec = type(make()).replay_fields(*CARTPOLE)
+    g = torch.Generator().manual_seed(seed)
+    return [synthetic_batch(spec, CARTPOLE[1], B, K, "cpu", g)[0] for _ in range(n)], torch.ones(K, B)
+
+
+def _equal_on_the_derived_path(make, **kw):
+    phases, weights = _phases(make, **kw)
+    ok, detail = check_equal(make, CompiledKernel, phases, weights)
+    assert ok and not detail.get("declined"), detail
+    kernel = CompiledKernel(make())
+    try:
+        assert kernel.path == "derived" and kernel.threads_exact
+    finally:
+        kernel.close()
+
+
+def test_a_users_qrdqn_is_taken_checked_equal_and_chosen_by_the_gate():
+    make = _maker("qrdqn", n_quantiles=16)
+    _equal_on_the_derived_path(make)
+    spec = type(make()).replay_fields(*CARTPOLE)
+    choice = select(make, spec, CARTPOLE[1], 64, 4, "cpu", candidates=("public", "compiled"))
+    assert "compiled" in choice.checked and not choice.declined and not choice.differs, choice
+    assert set(choice.s_per_update) == {"public", "compiled"}
+
+
+def test_a_subclass_of_a_built_in_that_changes_its_loss_is_compiled():
+    from hetrl.algos.dqn import DQN
+    import torch.nn.functional as F
+
+    class MSEDQN(DQN):   # the same DQN with a squared loss: its head would be wrong, the derived phase is not
+        def learn(self, batches, weights):
+            td_all = torch.empty_like(weights)
+            for k in range(weights.shape[0]):
+                b = {key: v[k] for key, v in batches.items()}
+                target = self._targets(b)
+                q = self.q(b["obs"]).gather(-1, b["action"].long().unsqueeze(-1)).squeeze(-1)
+                self.opt.step((weights[k] * F.mse_loss(q, target, reduction="none")).mean())
+                td_all[k] = (q - target).detach().abs()
+            self.updates += weights.shape[0]
+            return td_all
+
+    cfg = make_config("dqn", "CartPole-v1", {"net_arch": [32, 32]})
+    _equal_on_the_derived_path(lambda: MSEDQN(cfg, *CARTPOLE))
+
+
+def test_docs_extending_twinq_is_compiled():
+    import extending_example  # noqa: F401  (registers "twinq")
+
+    _equal_on_the_derived_path(_maker("twinq"))
+
+
+def test_one_and_two_threads_give_the_same_bits():
+    """Rows run in fixed blocks whose partial sums are added in a fixed order, whatever the number of lanes."""
+    make = _maker("qrdqn", n_quantiles=8)
+    phases, weights = _phases(make, K=4, B=128)
+    results = []
+    for threads in (1, 2):
+        torch.manual_seed(0)
+        algo = make()
+        kernel = CompiledKernel(algo)
+        try:
+            kernel.use_threads(threads)
+            tds = [kernel.learn(b, weights) for b in phases]
+            assert kernel.figures()["lanes"] == threads and kernel.declined is None
+        finally:
+            kernel.close()
+        results.append((tds, algo.state_dict()))
+    (td1, s1), (td2, s2) = results
+    assert all(torch.equal(a, b) for a, b in zip(td1, td2))
+    p1, p2 = s1["nets"]["q"] if "nets" in s1 else s1["q"], s2["nets"]["q"] if "nets" in s2 else s2["q"]
+    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+
+
+class _Reads:   # learn that reads a tensor's value in Python
+    def learn(self, batches, weights):
+        td = qrdqn_example.QRDQN.learn(self, batches, weights)
+        if td.mean().item() > 1e30:
+            self.updates += 0
+        return td
+
+
+class ReadsQRDQN(_Reads, qrdqn_example.QRDQN):
+    pass
+
+
+class CumsumQRDQN(qrdqn_example.QRDQN):
+    def learn(self, batches, weights):
+        batches = dict(batches, reward=torch.cumsum(batches["reward"], 1) * 0 + batches["reward"])
+        return super().learn(batches, weights)
+
+
+@pytest.mark.parametrize("cls, says", [(ReadsQRDQN, "reads a tensor's value in Python"),
+                                       (CumsumQRDQN, "aten.")])
+def test_what_cannot_be_lowered_is_one_line_naming_the_op_and_the_algorithm(cls, says):
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
+    make = lambda: cls(cfg, *CARTPOLE)   # noqa: E731
+    assert CompiledKernel.check(make()) is None   # found only by tracing its learn
+    spec = type(make()).replay_fields(*CARTPOLE)
+    choice = select(make, spec, CARTPOLE[1], 32, 2, "cpu", candidates=("public", "compiled"))
+    line = choice.declined.get("compiled", "")
+    assert choice.name == "public" and says in line and cls.__qualname__ in line and "\n" not in line, line
+    assert any(line in e for e in choice.explain())
+
+
+def test_a_pinned_compiled_kernel_trains_a_users_algorithm(tmp_path):
+    import hetrl
+
+    run = hetrl.train("qrdqn", "CartPole-v1", plan="none", steps=1500, seed=0, out=tmp_path, progress=False,
+                      learner_kernel="compiled", learning_starts=500, train_freq=100, gradient_steps=20,
+                      eval_episodes=0, threads=1, n_quantiles=8, net_arch=[32, 32])
+    assert run.result["learner_kernel"] == "compiled" and run.result["gradient_steps"] >= 200
+    assert "declined" not in json.dumps(run.result)
+
+
+SECOND = r"""
+import sys, json, torch
+sys.path.insert(0, sys.argv[1])
+import qrdqn_example
+from hetrl.algos import make_algorithm
+from hetrl.config import make_config
+from hetrl.kernels import synthetic_batch
+from hetrl.kernels.compiled import CompiledKernel, vm
+import gymnasium as gym
+spaces = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+algo = make_algorithm(make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4}), *spaces)
+kernel = CompiledKernel(algo)
+spec = type(algo).replay_fields(*spaces)
+for _ in range(2):
+    kernel.learn(synthetic_batch(spec, spaces[1], 32, 2, "cpu")[0], torch.ones(2, 32))
+print(json.dumps({"misses": sum(f.stats.cache_misses.get(s, 0) for f in (vm.run_phase,) for s in f.signatures),
+                  "declined": kernel.declined, "path": kernel.path}))
+"""
+
+
+def test_a_second_process_compiles_nothing():
+    """numba's on-disk cache holds the VM (every program is data for it): a process after the first loads it."""
+    make = _maker("qrdqn", n_quantiles=4, net_arch=[16])
+    phases, weights = _phases(make, K=2, B=32)
+    kernel = CompiledKernel(make())     # (this process compiles or loads the VM: its cache is written)
+    try:
+        for b in phases:
+            kernel.learn(b, weights)
+    finally:
+        kernel.close()
+    here = str(Path(__file__).parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(here).parent), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", SECOND, here], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"misses": 0, "declined": None, "path": "derived"}, got
+
+
+def test_a_network_or_optimizer_changed_after_construction_is_traced_again():
+    """Programs are shared by algorithms of one class and settings: a layer or an optimizer replaced on one object
+    makes another program (here: RMSprop, and GELU / SiLU / Softplus hidden activations)."""
+    from torch import nn
+
+    def rmsprop(a):
+        a.opt = torch.optim.RMSprop(a.q.parameters(), lr=1e-3)
+
+    def activations(a):
+        a.q.body[1], a.q.body[3] = nn.GELU(), nn.SiLU()
+        a.q_target.body[1], a.q_target.body[3] = nn.Softplus(), nn.Sigmoid()
+
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16, 16], "n_quantiles": 4})
+    for edit in (None, rmsprop, activations):
+        def make(edit=edit):
+            a = make_algorithm(cfg, *CARTPOLE)
+            if edit is not None:
+                edit(a)
+            return a
+        phases, weights = _phases(make, K=2, B=32)
+        ok, detail = check_equal(make, CompiledKernel, phases, weights)
+        assert ok and not detail.get("declined"), (edit, detail)
+
+
+def test_a_policy_without_a_net_attribute_acts_as_it_is():
+    import extending_example  # noqa: F401  (registers "twinq")
+
+    algo = _maker("twinq")()
+    kernel = CompiledKernel(algo)
+    try:
+        policy = algo.make_policy(seed=0)
+        assert kernel.wrap_policy(policy) is policy
+        policy.act(torch.zeros(2, 4).numpy(), 0.0)
+    finally:
+        kernel.close()
