@@ -123,6 +123,7 @@ class Run:
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
         # `schedule`: one made elsewhere (a population's member); else the one cfg.system.schedule names
         self.schedule = schedule if schedule is not None else make_schedule(cfg, env)
+        self.schedule.keep_actors_state = save_replay   # a finished run's actors go into replay.pt too
         self.result: dict[str, Any] = {}
         self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
         self.plan_info: dict[str, Any] = dict(plan_info or {})  # the planner's plan and predicted figures
@@ -228,7 +229,10 @@ class Run:
                     eps = s.phase()
                     core.tick()
                     self.follow.phase()
-                    if self.evaluations.due(s.c.env_steps, s.done()):
+                    # (a phased schedule has every env step in a phase before it is done: the last evaluation is
+                    # the finished run's)
+                    done = s.done()
+                    if self.evaluations.due(s.c.env_steps, done) and (done or s.c.env_steps < self.cfg.steps):
                         with core.clock_paused():
                             self.evaluate_now(logger)
                     logger.episodes(eps)

@@ -44,7 +44,7 @@ class SystemSettings:
     publish_interval: int = 1           # learner -> actors: publish params every K training phases
     check_finite: bool = True           # stop at the first NaN/inf in inserted data or in the learner's TD errors
     log_interval: int = 2_000           # env steps between logged scalars
-    reproducible: bool = True           # the same seed gives the same run on this machine: the local schedule runs in
+    reproducible: bool = True           # the same seed gives the same run on this machine: local and ray run in
                                         # phases (actors one phase behind, the learner sampling the replay as it
                                         # stood at a phase boundary); false: timing decides (result.json says which)
     # --- local schedule (hetrl/runtime/local.py, docs/local.md) -----------------------------

@@ -73,3 +73,19 @@ def tiny():
     """Settings for a fast DQN run on CartPole (seconds, not minutes)."""
     return dict(steps=600, learning_starts=200, train_freq=100, gradient_steps=10, batch_size=32,
                 buffer_size=1000, net_arch=[32, 32], num_envs=4, eval_episodes=0, threads=1)
+
+
+class _StopAt:
+    """A callback that stops a run at the first phase boundary at or past `steps` env steps (as Ctrl-C would)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def phase(self, run, episodes):
+        return run.env_steps < self.steps
+
+
+@pytest.fixture
+def stop_at():
+    """stop_at(steps): a callback that stops a run at the first phase boundary at or past `steps` env steps."""
+    return _StopAt

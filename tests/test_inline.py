@@ -104,20 +104,10 @@ def test_env_factory_and_module_id(tiny):
     assert run.result["env_steps"] == 600
 
 
-class _StopAt:
-    """A callback that stops the run at the first phase boundary at or past `steps` env steps (as Ctrl-C would)."""
-
-    def __init__(self, steps: int):
-        self.steps = steps
-
-    def phase(self, run, episodes):
-        return run.env_steps < self.steps
-
-
 @pytest.mark.parametrize("algo,env,extra", [("dqn", "CartPole-v1", {"n_step": 3, "prioritized": True}),
                                             ("td3", "Pendulum-v1", {"noise_type": "ou"})],
                          ids=["dqn-nstep-per", "td3-ou-noise"])
-def test_stopped_and_resumed_with_its_replay_is_the_run_that_never_stopped(algo, env, extra, tmp_path):
+def test_stopped_and_resumed_with_its_replay_is_the_run_that_never_stopped(algo, env, extra, tmp_path, stop_at):
     """--save-replay + --resume is exact: the actors' envs and RNGs, the acting policy's noise, the n-step writer's
     pending transitions and the replay's sampler come back as they were, so the resumed run's parameters and
     evaluations are those of a run that never stopped."""
@@ -125,7 +115,7 @@ def test_stopped_and_resumed_with_its_replay_is_the_run_that_never_stopped(algo,
                learning_starts=300, train_freq=100, gradient_steps=20, threads=1, learner_kernel="public",
                eval_episodes=2, eval_interval=400, num_envs=2, **extra)
     straight = hetrl.train(algo, env, out=tmp_path / "straight", **run)
-    stopped = hetrl.train(algo, env, out=tmp_path / "stopped", save_replay=True, callback=_StopAt(700), **run)
+    stopped = hetrl.train(algo, env, out=tmp_path / "stopped", save_replay=True, callback=stop_at(700), **run)
     assert stopped.interrupted == "callback" and 700 <= stopped.env_steps < 1600
     resumed = hetrl.resume(tmp_path / "stopped", progress=False)
     assert resumed.env_steps == straight.env_steps == 1600

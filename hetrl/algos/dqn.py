@@ -192,6 +192,7 @@ class DQN(Algorithm):
             loss = (weights[k] * F.smooth_l1_loss(q, target, reduction="none")).mean()
             self.opt.step(loss)
             td_all[k] = td.detach().abs()
+        self.stats = {"loss": loss.detach()}
         self.updates += K
         return td_all
 

@@ -188,19 +188,25 @@ class SAC(Algorithm):
             b, w = {key: v[k] for key, v in batches.items()}, weights[k]
             a, logp = self.actor.sample(b["obs"], generator=self.rng)
             alpha = self.log_alpha.detach().exp()
+            stats = {"ent_coef": alpha}
             if self.alpha_opt is not None:
                 self.alpha_opt.zero_grad()
-                (-(self.log_alpha * (logp.detach() + self.target_entropy)).mean()).backward()
+                alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+                alpha_loss.backward()
                 self.alpha_opt.step()
+                stats["ent_coef_loss"] = alpha_loss.detach()
             with torch.no_grad():
                 next_a, next_logp = self.actor.sample(b["next_obs"], generator=self.rng)
                 next_q = torch.min(t1(b["next_obs"], next_a), t2(b["next_obs"], next_a)) - alpha * next_logp
                 target = b["reward"] + cfg.gamma ** b["steps"].float() * (~b["terminated"]).float() * next_q
             td1, td2 = q1(b["obs"], b["action"]) - target, q2(b["obs"], b["action"]) - target
-            self.critic_opt.step(0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean())
-            self.actor_opt.step((alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean())
+            critic_loss = 0.5 * (w * td1.pow(2)).mean() + 0.5 * (w * td2.pow(2)).mean()
+            self.critic_opt.step(critic_loss)
+            actor_loss = (alpha * logp - torch.min(q1(b["obs"], a), q2(b["obs"], a))).mean()
+            self.actor_opt.step(actor_loss)
             soft_update(self.critic_target_flat, self.critic_opt.flat, cfg.tau)
             td_all[k] = (td1.detach().abs() + td2.detach().abs()) * 0.5
+            self.stats = {**stats, "actor_loss": actor_loss.detach(), "critic_loss": critic_loss.detach()}
         self.updates += weights.shape[0]
         return td_all
 

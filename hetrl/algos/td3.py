@@ -91,10 +91,14 @@ class TD3(NoisyActing):  # acting: DDPG's, mu(s) plus Gaussian noise
             b, w = {key: v[k] for key, v in batches.items()}, weights[k]
             target = self.target(b)
             td1, td2 = q1(b["obs"], b["action"]) - target, q2(b["obs"], b["action"]) - target
-            self.critic_opt.step((w * td1.pow(2)).mean() + (w * td2.pow(2)).mean())
+            critic_loss = (w * td1.pow(2)).mean() + (w * td2.pow(2)).mean()
+            self.critic_opt.step(critic_loss)
+            self.stats = {**self.stats, "critic_loss": critic_loss.detach()}
             self.updates += 1
             if self.updates % cfg.policy_delay == 0:
-                self.actor_opt.step(-q1(b["obs"], self.actor(b["obs"])).mean())
+                actor_loss = -q1(b["obs"], self.actor(b["obs"])).mean()
+                self.actor_opt.step(actor_loss)
+                self.stats["actor_loss"] = actor_loss.detach()
                 soft_update(self.critic_target_flat, self.critic_opt.flat, cfg.tau)
                 soft_update(self.actor_target_flat, self.actor_opt.flat, cfg.tau)
             td_all[k] = (td1.detach().abs() + td2.detach().abs()) * 0.5

@@ -57,6 +57,7 @@ class ReplayServer:
         self.insert_wait_s = 0.0  # time inserts waited for the learner
         self.sample_wait_s = 0.0  # time samples waited for the actors
         self.closed = False
+        self._staged: dict[int, tuple[dict, int]] = {}   # actor -> its chunk of this phase (stage / commit)
         self._cond = threading.Condition()
 
     # ---- the protocol ---------------------------------------------------------------------------
@@ -81,6 +82,27 @@ class ReplayServer:
             self.inserts += steps
             self.rows += rows
             self.insert_calls += 1
+            self._cond.notify_all()
+            return self._counters()
+
+    def stage(self, actor: int, batch: dict[str, np.ndarray], steps: int) -> None:
+        """Hold actor `actor`'s chunk of a phase until commit() (a reproducible run: phases)."""
+        with self._cond:
+            self._staged[int(actor)] = (batch, int(steps))
+
+    def commit(self, after: int = 0) -> dict:
+        """A phase boundary: the staged chunks go in, in actor order, once the `after` priority updates sent before
+        are written (so the new items get the max priority the phase's |TD| left); returns the counters."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.closed or self.priority_updates >= after)
+            for actor in sorted(self._staged):
+                batch, steps = self._staged[actor]
+                if batch:
+                    self.replay.insert(batch)
+                    self.rows += len(batch["obs"])
+                self.inserts += steps
+                self.insert_calls += 1
+            self._staged.clear()
             self._cond.notify_all()
             return self._counters()
 
@@ -178,7 +200,7 @@ class ShardedReplay:
         import ray
 
         states = ray.get([h.state_dict.remote() for h in self.handles])
-        return states[0]["replay"] if len(states) == 1 else {"shards": states}
+        return states[0]["replay"] if len(states) == 1 else {"shards": states, "next": self.next}
 
     def load_state_dict(self, state: dict) -> None:
         import ray
@@ -188,6 +210,7 @@ class ShardedReplay:
                 raise UsageError(f"the saved replay has {len(state['shards'])} shards, this run has "
                                  f"{len(self.handles)}: set replay_shards={len(state['shards'])}")
             ray.get([h.load_state_dict.remote(s) for h, s in zip(self.handles, state["shards"])])
+            self.next = int(state.get("next", 0))
         elif len(self.handles) == 1:
             ray.get(self.handles[0].load_replay.remote(state))
         else:

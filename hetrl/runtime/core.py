@@ -207,10 +207,10 @@ class LearnerCore:
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
         self._in_flight: dict[object, tuple[int, int]] = {}   # grant -> (gradient steps of the params then, env steps)
         self.reserved = 0                                # env steps granted, not yet inserted
-        # reproducible: one process alternating (inline), or phases (a schedule with actors and no replay servers);
+        # reproducible: one process alternating (inline), or phases (a schedule with actors: local, ray);
         # else the actors and the learner go as timing has them, under the rate limiter and the policy-lag bound.
         # On-policy: every schedule alternates whole rollouts with their learner phases (reproducible, no lag)
-        self.reproducible = lay is None or self.rollout or (cfg.system.reproducible and not servers)
+        self.reproducible = lay is None or self.rollout or cfg.system.reproducible
         phased = lay is not None and self.reproducible and not self.rollout
         self.max_lag = lay.max_lag if lay is not None and not phased and not self.rollout else 0   # (0: none)
         if self.rollout:
@@ -605,6 +605,13 @@ class LearnerCore:
             self.publish()
 
 
+def _actors(envs: list[int] | None) -> str:
+    if not envs:
+        return "not restored here"
+    return (f"{len(envs)} actor{'s' if len(envs) > 1 else ''} of {envs[0]} env{'s' if envs[0] > 1 else ''}"
+            if len(set(envs)) == 1 else f"actors of {'/'.join(map(str, envs))} envs")
+
+
 class Restarts:
     """The restart policy of actors (local processes, Ray actors): a dead actor is replaced, up to
     MAX_RESTARTS times per actor, then the run gives up."""
@@ -689,15 +696,26 @@ class Schedule(abc.ABC):
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
 
+    keep_actors_state = False      # set where the run saves its replay: a finished run keeps its actors' state
+
+    def actor_envs(self) -> list[int] | None:
+        """The envs of each of its actors (an actors_state() restores into actors of the same envs); None: its
+        actors are not saved."""
+        return None
+
     def actors_state(self) -> dict:
         """The actors' state for an exact resume (Actor.state_dict of each: envs, RNGs, pending n-step transitions,
-        acting policies), saved with the replay: {"actors": [...]} or {"unsaved": why} where a schedule's actors
-        cannot be saved; a resumed run then restarts its episodes (seeded from the step count)."""
+        acting policies), saved with the replay: {"actors": [...], "envs": actor_envs()} or {"unsaved": why} where
+        they cannot be saved; a resumed run then restarts its episodes (seeded from the step count)."""
         return {"unsaved": f"the {self.name} schedule's actors are not saved"}
 
-    def _load_actors(self, state: dict) -> bool:
-        """Actors as actors_state() saved them, in place of new ones; False where that is not possible here."""
-        return False
+    def _states(self, states: list[dict]) -> dict:
+        """actors_state() of the Actor.state_dict() of each actor."""
+        why = next((s["unsaved"] for s in states if "unsaved" in s), None)
+        return {"unsaved": why} if why else {"actors": [s["pickle"] for s in states], "envs": self.actor_envs()}
+
+    def _load_actors(self, states: list[dict]) -> None:
+        """Actors as actors_state() saved them ({"pickle": ...} each), in place of new ones, before the first phase."""
 
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
@@ -722,12 +740,18 @@ class Schedule(abc.ABC):
             replay = dict(state["replay"])
             actors = replay.pop("actors", None)
             self.replay.load_state_dict(replay)
-        if actors is not None and "actors" in actors and self._load_actors(actors):
+        if actors is None:   # no replay saved: a resume that is not exact, as asked
+            self._restart_actors()
+            return
+        why = actors.get("unsaved")
+        if why is None and actors.get("envs") != self.actor_envs():
+            why = f"they were {_actors(actors.get('envs'))}, this run's are {_actors(self.actor_envs())}"
+        if why is None:
+            self._load_actors([{"pickle": p} for p in actors["actors"]])
             return
         self._restart_actors()
-        if actors is not None and not Schedule._said_actors:
+        if not Schedule._said_actors:
             Schedule._said_actors = True   # once per process (a population's members share the reason)
-            why = actors.get("unsaved") or f"they were saved by another schedule than {self.name}'s"
             print(f"hetrl: resuming without the actors' state ({why}): the actors start new episodes, so the "
                   "run leaves the path of one that never stopped", file=sys.stderr, flush=True)
 

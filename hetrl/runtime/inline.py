@@ -40,16 +40,14 @@ class InlineSchedule(Schedule):
         self.actor = self.core.actor_spec(0, self.cfg.num_envs).build()
         self.actor.load(*self.params.latest(-1))
 
-    def actors_state(self) -> dict:
-        state = self.actor.state_dict()
-        return {"actors": [state["pickle"]], "schedule": self.name} if "pickle" in state else state
+    def actor_envs(self) -> list[int]:
+        return [self.actor.num_envs]
 
-    def _load_actors(self, state: dict) -> bool:
-        if state.get("schedule") != self.name or len(state["actors"]) != 1:
-            return False
-        self.actor.load_state_dict({"pickle": state["actors"][0]})
-        self.actor.params_version = -1   # the next phase loads the learner's policy, as it would have
-        return True
+    def actors_state(self) -> dict:
+        return self._states([self.actor.state_dict()])
+
+    def _load_actors(self, states: list[dict]) -> None:
+        self.actor.load_state_dict(states[0])
 
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:

@@ -79,6 +79,7 @@ class _Handle:
         self.ready = False
         self.outstanding: dict[int, int] = {}   # half -> granted env steps
         self.stopping = False
+        self.state: dict | None = None          # its answer to ("state",)
 
     def close_pipes(self) -> None:
         for conn in (self.ctrl, self.data, self.lifeline):
@@ -156,10 +157,11 @@ class LocalSchedule(Schedule):
         self._episodes: list[tuple[float, int]] = []
         self._next_actor = 0
         # a reproducible run goes in phases (core.ratio.phased): chunks wait in their staging halves for the phase
-        # boundary, where they go in in actor order; phase() returns at a boundary
+        # boundary, where they go in in actor order; phase() returns at a boundary, the actors idle
         self._phased = core.ratio.phased
         self._arrived: list[tuple] = []
-        self._boundaries = 0
+        self._open = False          # a phase's grants are out and its boundary not reached
+        self._final: dict | None = None   # the actors' state when the run finished (keep_actors_state)
         self._finished = False
         self._closed = False
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
@@ -185,8 +187,35 @@ class LocalSchedule(Schedule):
 
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
-            self._finished = False
+            self._finished, self._open, self._final = False, False, None
             self._restart_actors()
+
+    def actor_envs(self) -> list[int]:
+        return [self.lay.envs_per_actor] * self.lay.actors
+
+    def actors_state(self) -> dict:
+        """At a phase boundary every actor is idle: each is asked for its state (a message on its control pipe)."""
+        if not self._phased:
+            return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
+        if self._final is not None or self._finished:
+            return self._final or {"unsaved": "the actors were stopped when the run finished"}
+        if self._open or self._arrived:
+            return {"unsaved": "the run stopped inside a phase"}
+        handles, waited = self._fleet.handles, self.c.learner_wait_s
+        for h in handles:
+            h.state = None
+            h.ctrl.send(("state",))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while any(h.state is None for h in handles) and time.monotonic() < deadline and not self._closed:
+            self._pump(timeout=1.0)
+        self.c.learner_wait_s = waited
+        if any(h.state is None for h in handles):
+            return {"unsaved": "an actor did not send its state"}
+        return self._states([h.state for h in handles])
+
+    def _load_actors(self, states: list) -> None:
+        for h, state in zip(self._fleet.handles, states):   # before its next grant, on the same pipe
+            h.ctrl.send(("load", state))
 
     def _restart_actors(self) -> None:
         self._fleet.shutdown()
@@ -220,12 +249,14 @@ class LocalSchedule(Schedule):
 
     # ---- the learner's loop ---------------------------------------------------------------------
     def phase(self) -> list[tuple[float, int]]:
-        """Phases (reproducible): up to the next phase boundary, so that evaluations and callbacks see the run at
-        the same points whatever the timing; else about PHASE_S."""
+        """Phases (reproducible): one phase, from its grants to its boundary, so that evaluations and callbacks see
+        the run at the same points whatever the timing, and the actors idle (their state can be saved); else about
+        PHASE_S."""
         if not self._phased or self._closed:
             return super().phase()
-        start = self._boundaries
-        while not self.done() and self._boundaries == start:
+        if not self._open and not self.done():
+            self._grant_phase()
+        while self._open and not self.done():
             self._step()
         eps, self._episodes = self._episodes, []
         return eps
@@ -250,11 +281,16 @@ class LocalSchedule(Schedule):
 
     def _boundary(self) -> None:
         """A phase boundary: the learner's policy is published (the next phase acts with it: one phase behind the
-        learner), the phase's chunks go in in actor order, and every actor is granted the next phase's chunk."""
+        learner) and the phase's chunks go in in actor order."""
         self.core.publish(changed_only=True)
         for index, half, rows, steps, version, busy in sorted(self._arrived, key=lambda a: a[0]):
             self._insert(self._fleet.handles[index], half, rows, steps, version, busy)
         self._arrived = []
+        self._open = False
+
+    def _grant_phase(self) -> None:
+        """A phase's start: every actor is granted its chunk (none once the run has its env steps)."""
+        self._open = True
         for h in self._fleet.handles:
             grant = self.core.next_grant(self.lay.envs_per_actor)
             if grant is None or h.ctrl is None:
@@ -266,7 +302,6 @@ class LocalSchedule(Schedule):
                 break  # it died: its sentinel tells _pump
             h.outstanding[0] = n
             self.core.granted((h.index, 0), n)
-        self._boundaries += 1
 
     def done(self) -> bool:
         return self._check_finished()
@@ -278,6 +313,9 @@ class LocalSchedule(Schedule):
             return True
         if not self.core.ratio.finished(len(self.replay)) or self._ready is not None or self._pending is not None:
             return False
+        if self.keep_actors_state and self._phased:   # idle: every env step is in
+            self._open = False
+            self._final = self.actors_state()
         self._finished = True
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
@@ -406,6 +444,8 @@ class LocalSchedule(Schedule):
             self._episodes.extend(episodes)
         elif kind == "hello":
             h.ready = True
+        elif kind == "state":
+            h.state = msg[1]
         elif kind == "error":
             _, typ, text, tb = msg
             self.close()

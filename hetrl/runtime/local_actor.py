@@ -9,8 +9,10 @@ the other half if it holds a grant for it, or blocks on its control pipe until i
 Messages, actor -> learner (a pipe):
     ("hello", pid)
     ("chunk", half, rows, env_steps, params_version, episodes, busy_s)
+    ("state", Actor.state_dict())            the answer to ("state",)
     ("error", exception type name, message, traceback)
-learner -> actor (a pipe): (half, env_steps, explore) grants, None = stop.  `explore` holds the
+learner -> actor (a pipe): (half, env_steps, explore) grants, None = stop; ("state",) asks for the
+actor's state, ("load", state) restores one (an exact resume, at a phase boundary).  `explore` holds the
 algorithm's exploration parameter (algo.exploration at the global env step count) for each vector
 step of the chunk, so the learner's algorithm object decides epsilon / the noise, and actors need
 no copy of it.
@@ -123,6 +125,12 @@ def _run(args: ActorArgs, ctrl, data) -> None:
             grant = ctrl.recv()
             if grant is None:
                 return
+            if grant[0] == "state":
+                data.send(("state", actor.state_dict()))
+                continue
+            if grant[0] == "load":
+                actor.load_state_dict(grant[1])
+                continue
             t0 = time.perf_counter()
             half, n, table = grant
             new = args.params.latest(actor.params_version)

@@ -172,6 +172,9 @@ class ReplayRatio:
         """The rate limiter settings of each of `shards` replay servers: the sample side of the rule over
         the shard's share of the inserts and samples. The insert side is applied at the grant (grant()),
         so the servers never hold an insert of this run's actors: their window is open upwards."""
+        if self.phased:   # the learner asks for what the ratio owes, of the replay as it stood at the boundary
+            return {"samples_per_insert": self.spi, "min_size": 1,
+                    "error_buffer": max(1.0, self.spi), "rate_limit": False}
         min_size = max(1, -(-self.min_size // shards))
         eb = max(self.error_buffer / shards, 2 * max(1.0, self.spi))
         return {"samples_per_insert": self.spi, "min_size": min_size,

@@ -5,14 +5,17 @@ other schedules do (the same :class:`hetrl.actors.Actor`), and pushes every chun
 transitions straight to its replay-server shard, not through the learner.  The learner drives
 it with `collect` calls (at most two queued, a double buffer):
 
-    collect(n, explore, params) -> (env steps, rows, acting version, episodes, busy s, server counters)
+    collect(n, explore, params, stage) -> (env steps, rows, acting version, episodes, busy s, server counters)
+    state_dict() / load_state_dict(state)      the actor's state (an exact resume, at a phase boundary)
 
 `explore` holds the algorithm's exploration value for each vector step (the learner's algorithm
 object decides epsilon / the noise, as in the local schedule); `params` is the learner's
 RayParameterStore (a version and a reference to one object in Ray's object store that every actor
 reads: a broadcast, not a copy per actor); the weights are fetched only when newer than the actor's.
 The call returns once the server acknowledged the insert: its rate limiter holds the actor
-there while the learner is behind. Without a server (an on-policy run: the learner holds the rollout) the
+there while the learner is behind. With `stage` (a reproducible run: phases) the chunk is staged at
+the server, which inserts the phase's chunks in actor order at the phase boundary (its commit).
+Without a server (an on-policy run: the learner holds the rollout) the
 chunk itself is returned, in place of the server's counters.
 """
 
@@ -25,14 +28,14 @@ from typing import Any
 
 
 class RayActor:
-    def __init__(self, spec: Any, server: Any, one_thread: bool = True):
+    def __init__(self, spec: Any, server: Any, one_thread: bool = True, index: int = 0):
         """spec: the learner's ActorSpec (env, seeds, the algorithm's acting policy, n-step, backend)."""
         import torch
 
         if one_thread:
             torch.set_num_threads(1)
         torch.set_flush_denormal(True)
-        self.server = server
+        self.server, self.index = server, index
         # a copy: Ray hands numpy arrays over read-only (zero-copy), and an acting policy may keep state of its
         # own in them (DDPG's Ornstein-Uhlenbeck noise, reset in place at episode ends)
         self.actor = copy.deepcopy(spec).build()
@@ -42,7 +45,7 @@ class RayActor:
 
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
-    def collect(self, n: int, explore: list, params: Any) -> tuple:
+    def collect(self, n: int, explore: list, params: Any, stage: bool = False) -> tuple:
         import ray
 
         from hetrl.actors import ExploreTable
@@ -59,11 +62,19 @@ class RayActor:
         if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout
             return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, batch or {}
         counters, ref = None, ray.put(batch or {})  # one copy in the object store, whatever the retries
-        while counters is None:  # the server's rate limiter may hold us; None = its timeout, ask again
+        if stage:
+            ray.get(self.server.stage.remote(self.index, ref, steps))
+        while counters is None and not stage:  # the server's rate limiter may hold us; None = its timeout, ask again
             counters = ray.get(self.server.insert.remote(ref, steps, 1.0))
             if counters is None and ray.get(self.server.is_closed.remote()):
                 break
         return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, counters
+
+    def state_dict(self) -> dict:
+        return self.actor.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state)
 
     def close(self) -> None:
         self.actor.close()

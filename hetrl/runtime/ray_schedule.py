@@ -11,7 +11,11 @@
   back to the tree that sampled; a sample waits at the server for the priorities sent before it.
 * Parameters: one `ray.put` per publication, read by every actor (params.RayParameterStore).
 * When actors collect and how many batches the learner asks for is the learner core's replay
-  ratio (hetrl/runtime/ratio.py), as in every schedule; the servers apply its sample side per shard.
+  ratio (hetrl/runtime/ratio.py), as in every schedule. Reproducible (the default): phases, as the
+  local schedule's: each actor stages one chunk per phase at its server, the servers insert them in
+  actor order at the boundary, the learner samples the replay as it stood there and the actors act
+  with the policy of the boundary before. Timed (reproducible=false): the servers apply the
+  ratio's sample side per shard and take chunks as they come.
 
 An actor that dies (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs;
 env steps are counted from the servers' acknowledgements, so a chunk lost with its actor is
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from dataclasses import replace
 
@@ -40,6 +43,7 @@ from hetrl.runtime.params import RayParameterStore
 
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
+START_S = 300.0           # for the actors to start (or send their state)
 
 
 def import_ray():
@@ -129,6 +133,7 @@ class _Slot:
         self.handle = None
         self.calls: dict = {}          # ObjectRef -> env steps granted
         self.where: dict = {}
+        self.chunk: tuple | None = None    # phases: (ref, env steps, version, episodes, busy s) of its staged chunk
 
 
 class RaySchedule(Schedule):
@@ -156,9 +161,9 @@ class RaySchedule(Schedule):
             raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
-        if cfg.system.reproducible and not self.core.rollout:   # (on-policy: rollouts in lockstep, reproducible)
-            print("hetrl: the ray schedule samples on its replay servers as they are fed, so timing shapes the run "
-                  "(result.json: reproducible false); inline and local reproduce a seed", file=sys.stderr, flush=True)
+        self._phased = self.core.ratio.phased
+        self._open = False              # phases: a phase's grants are out and its boundary not reached
+        self._final: dict | None = None  # the actors' state when the run finished (keep_actors_state)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
@@ -217,12 +222,12 @@ class RaySchedule(Schedule):
         spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
         remote = ray.remote(num_cpus=self.cfg.system.ray_actor_cpus, max_restarts=0)(RayActor)
         server = self.servers[s.index % len(self.servers)] if self.servers else None
-        s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread)
+        s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread, s.index)
         s.calls = {}
 
     def _wait_ready(self, ray) -> None:
         try:
-            wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=300)
+            wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=START_S)
         except Exception as e:
             self.close()
             raise self._error(e, "while starting") from None
@@ -233,10 +238,54 @@ class RaySchedule(Schedule):
         return sorted({s.where.get("node", "?") for s in self.slots})
 
     # ---- the learner's loop ---------------------------------------------------------------------
+    def phase(self) -> list[tuple[float, int]]:
+        """Phases (reproducible): one phase, from its grants to its boundary (the actors idle then); else about
+        PHASE_S."""
+        if not self._phased or self._closed:
+            return super().phase()
+        if not self._open and not self.done():
+            self._open = True
+            for s in self.slots:
+                self._grant_one(s)
+        while self._open and not self.done():
+            self._step()
+        eps, self._episodes = self._episodes, []
+        return eps
+
+    def _grant_one(self, s: _Slot) -> None:
+        """Actor s's chunk of this phase, to be staged at its server."""
+        grant = self.core.next_grant(self.lay.envs_per_actor)
+        if grant is not None:
+            ref = s.handle.collect.remote(grant[0], grant[1], self.params, True)
+            s.calls[ref] = grant[0]
+            self.core.granted(ref, grant[0])
+
+    def _boundary(self) -> None:
+        """The learner's policy is published (the next phase acts with it) and the servers insert the phase's
+        chunks in actor order, once the priorities sent before are written; the env steps are counted in the same
+        order."""
+        import ray
+
+        self.core.publish(changed_only=True)
+        counters = ray.get([h.commit.remote(self._prio_sent[i]) for i, h in enumerate(self.servers)])
+        self._shard_inserts = [c["inserts"] for c in counters]
+        for s in self.slots:
+            if s.chunk is not None:
+                ref, steps, version, episodes, busy = s.chunk
+                self.core.returned(ref)
+                self.core.inserted(steps, version, busy)
+                self._episodes.extend(episodes)
+                s.chunk = None
+        self._open = False
+
     def _step(self) -> None:
         import ray
 
-        self._grant()
+        if self._phased and not any(s.calls for s in self.slots) and self._pending is None \
+                and self.core.ratio.allowed() == 0:
+            return self._boundary()
+        if not self._phased:
+            self._grant()
         if not self._learn_step():
             refs = self._refs()
             if refs:
@@ -259,6 +308,9 @@ class RaySchedule(Schedule):
             return True
         if self._pending is not None or not self.core.ratio.finished():
             return False
+        if self.keep_actors_state and self._phased:   # idle: every env step is in
+            self._open = False
+            self._final = self.actors_state()
         self._finished = True
         self._stop_actors()
         return True
@@ -283,15 +335,19 @@ class RaySchedule(Schedule):
             ready, _ = ray.wait(list(s.calls), num_returns=len(s.calls), timeout=0)
             for ref in ready:
                 s.calls.pop(ref)
-                self.core.returned(ref)
                 try:
                     steps, rows, version, episodes, busy, counters = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
+                    self.core.returned(ref)
                     self._on_actor_death(s, e)
                     break
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
                     raise self._error(e, f"(actor {s.index})") from None
+                if self._phased:   # staged at its server: counted at the boundary, in actor order
+                    s.chunk = (ref, steps, version, episodes, busy)
+                    continue
+                self.core.returned(ref)
                 if self.core.rollout:   # `counters` is the chunk itself (no replay server)
                     self.core.insert(self.replay, counters, s.index)
                     self.core.inserted(steps, version)
@@ -313,6 +369,8 @@ class RaySchedule(Schedule):
         lost, s.calls = list(s.calls), {}
         self.core.actor_died(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close, lost)
         self._spawn(s)
+        if self._phased and self._open:   # its chunk of this phase, from the new actor
+            self._grant_one(s)
 
     # learning -----------------------------------------------------------------------------------------
     def _request(self) -> None:
@@ -345,8 +403,9 @@ class RaySchedule(Schedule):
         t0 = time.perf_counter()
         got = ray.get(ref)
         self._pending = None
-        if got is None:  # the rate limiter held it: ask again later
+        if got is None:  # the rate limiter held it: ask the same shard again later
             self.core.ratio.undrawn(g)
+            self.replay.next = shard
             return False
         stack, keys, weights, counters = got
         self._count_inserts(shard, counters["inserts"])
@@ -413,12 +472,35 @@ class RaySchedule(Schedule):
 
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
-            self._finished = False
+            self._finished, self._open, self._final = False, False, None
             self._restart_actors()
 
-    def _restart_actors(self) -> None:
-        """After a checkpoint: the rate limiter continues from the run's counters, spread over the shards,
-        and actors started with seeds for step 0 are replaced by actors with seeds for this step count."""
+    def actor_envs(self) -> list[int]:
+        return [self.lay.envs_per_actor] * self.lay.actors
+
+    def actors_state(self) -> dict:
+        """At a phase boundary every actor is idle: each is asked for its state."""
+        import ray
+
+        if not self._phased:
+            return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
+        if self._final is not None or self._finished:
+            return self._final or {"unsaved": "the actors were stopped when the run finished"}
+        if self._open:
+            return {"unsaved": "the run stopped inside a phase"}
+        try:
+            return self._states(ray.get([s.handle.state_dict.remote() for s in self.slots], timeout=START_S))
+        except Exception as e:   # an actor lost meanwhile
+            return {"unsaved": f"an actor did not send its state ({type(e).__name__})"}
+
+    def _load_actors(self, states: list[dict]) -> None:
+        import ray
+
+        self._sync_servers()
+        ray.get([s.handle.load_state_dict.remote(state) for s, state in zip(self.slots, states)])
+
+    def _sync_servers(self) -> None:
+        """After a checkpoint: the rate limiter continues from the run's counters, spread over the shards."""
         import ray
 
         c, S = self.c, len(self.servers)
@@ -426,6 +508,11 @@ class RaySchedule(Schedule):
             self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
             ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S)
                      for i, h in enumerate(self.servers)])
+
+    def _restart_actors(self) -> None:
+        """After a checkpoint without the actors' state: actors started with seeds for step 0 are replaced by
+        actors with seeds for this step count."""
+        self._sync_servers()
         self._stop_actors()
         for s in self.slots:
             self._spawn(s)

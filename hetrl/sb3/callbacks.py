@@ -406,6 +406,20 @@ def convert(callback: Any):
                      "them, or a function f(locals, globals) -> bool")
 
 
+def progress_bar(total: int):
+    """SB3's progress bar (its ProgressBarCallback's: tqdm.rich) over `total` env steps."""
+    try:
+        import warnings
+
+        from tqdm import TqdmExperimentalWarning
+        from tqdm.rich import tqdm
+    except ImportError:
+        raise UsageError("learn(progress_bar=True) draws SB3's bar with tqdm and rich; pip install tqdm rich (SB3's "
+                         "extra has them), or leave progress_bar=False") from None
+    warnings.filterwarnings("ignore", category=TqdmExperimentalWarning)
+    return tqdm(total=max(0, int(total)))
+
+
 class Hook:
     """The Run's hook (`Run.learn(callback=...)`: training_start / phase / training_end) driving SB3's protocol
     for the SB3-style model (see the module's doc)."""
@@ -418,10 +432,14 @@ class Hook:
         self.empty = isinstance(callback, CallbackList) and not callback.callbacks
         self.shown = 0
         self.carried: list = []
+        self.bar, self.bar_at = None, 0   # learn(progress_bar=True): SB3's bar (tqdm.rich), moved per phase
 
     def training_start(self, run) -> None:
         m = self.model
         self.shown = m.num_timesteps = run.env_steps if run is not None else m.num_timesteps
+        if self.learn_locals.get("progress_bar") and run is not None:
+            self.bar = progress_bar(self.learn_locals["total_timesteps"] - m.num_timesteps)
+            self.bar_at = m.num_timesteps
         self.cb.on_training_start(self.learn_locals, globals())
 
     def phase(self, run, episodes: list) -> bool:
@@ -433,7 +451,13 @@ class Hook:
         else:
             go = self._play((steps - self.shown) // self.n, episodes, steps)
         m._episodes(episodes, self.log_interval)
+        self._advance(steps)
         return go
+
+    def _advance(self, steps: int) -> None:
+        if self.bar is not None and steps > self.bar_at:
+            self.bar.update(steps - self.bar_at)
+            self.bar_at = steps
 
     def _play(self, calls: int, episodes: list, steps: int) -> bool:
         m, n = self.model, self.n
@@ -477,5 +501,13 @@ class Hook:
             if not self.empty and steps > self.shown and run.interrupted != "callback":
                 self._play(1, [], steps)   # the run's last vector step, where it kept fewer envs
             self.shown = m.num_timesteps = steps
+            self._advance(steps)
+        self.close_bar()
         self.cb.on_training_end()
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.refresh()
+            self.bar.close()
+            self.bar = None
 

@@ -62,6 +62,9 @@ class SB3Compat:
     policy_classes: Mapping[str, str] = field(default_factory=dict)
     policy_nets: tuple[str, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # get_parameters(): SB3's names of the optimizers beside "policy" and the algorithm's state-dict keys of them
+    # (SB3's `_get_torch_save_params`); none: get_parameters() gives the algorithm's own state dict
+    optimizers: tuple[tuple[str, str], ...] = ()
     logs_exploration_rate: bool = False          # the training log records rollout/exploration_rate (epsilon)
     activation: str = "relu"                     # the policy's activation where policy_kwargs names none (SB3's)
     # the keys a dict net_arch takes: the policy's, then the critic's (its setting: "<key>_arch": qf_arch, vf_arch)
@@ -87,6 +90,7 @@ BUILTIN: dict[str, SB3Compat] = {
         renames=((r"^q\.q\.", "q_net.q_net."), (r"^q\.features\.", "q_net.features_extractor."),
                  (r"^q_target\.q\.", "q_net_target.q_net."),
                  (r"^q_target\.features\.", "q_net_target.features_extractor.")),
+        optimizers=(("policy.optimizer", "opt"),),
         logs_exploration_rate=True),
 
     # SB3's DDPG (TD3's policy with one critic)
@@ -97,7 +101,8 @@ BUILTIN: dict[str, SB3Compat] = {
         policy_classes={"MlpPolicy": "stable_baselines3.td3.policies:MlpPolicy"},
         policy_nets=("actor", "actor_target", "critic", "critic_target"),
         renames=((r"^actor\.mu\.", "actor.mu."), (r"^actor_target\.mu\.", "actor_target.mu."),
-                 (r"^critic\.q\.", "critic.qf0."), (r"^critic_target\.q\.", "critic_target.qf0."))),
+                 (r"^critic\.q\.", "critic.qf0."), (r"^critic_target\.q\.", "critic_target.qf0.")),
+        optimizers=(("actor.optimizer", "actor_opt"), ("critic.optimizer", "critic_opt"))),
 
     # SB3's TD3
     "td3": SB3Compat(
@@ -108,7 +113,8 @@ BUILTIN: dict[str, SB3Compat] = {
         policy_classes={"MlpPolicy": "stable_baselines3.td3.policies:MlpPolicy"},
         policy_nets=("actor", "actor_target", "critics", "critics_target"),
         renames=((r"^actor\.mu\.", "actor.mu."), (r"^actor_target\.mu\.", "actor_target.mu."),
-                 (r"^critics\.(\d+)\.q\.", r"critic.qf\1."), (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1."))),
+                 (r"^critics\.(\d+)\.q\.", r"critic.qf\1."), (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1.")),
+        optimizers=(("actor.optimizer", "actor_opt"), ("critic.optimizer", "critic_opt"))),
 
     # SB3's SAC
     "sac": SB3Compat(
@@ -120,7 +126,9 @@ BUILTIN: dict[str, SB3Compat] = {
         policy_nets=("actor", "critics", "critics_target"),
         renames=((r"^actor\.body\.", "actor.latent_pi."), (r"^actor\.mean\.", "actor.mu."),
                  (r"^actor\.log_std\.", "actor.log_std."), (r"^critics\.(\d+)\.q\.", r"critic.qf\1."),
-                 (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1."))),
+                 (r"^critics_target\.(\d+)\.q\.", r"critic_target.qf\1.")),
+        optimizers=(("actor.optimizer", "actor_opt"), ("critic.optimizer", "critic_opt"),
+                    ("ent_coef_optimizer", "alpha_opt"))),
 
     # SB3's PPO and A2C (on-policy): ActorCriticPolicy, separate pi and vf networks of tanh layers
     "ppo": SB3Compat(
@@ -134,7 +142,8 @@ BUILTIN: dict[str, SB3Compat] = {
         policy_nets=("policy", "value"),
         renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
                  (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
-                 (r"^value\.value_net\.", "value_net."))),
+                 (r"^value\.value_net\.", "value_net.")),
+        optimizers=(("policy.optimizer", "opt"),)),
     "a2c": SB3Compat(
         class_name="A2C",
         defaults=dict(learning_rate=7e-4, n_steps=5, gamma=0.99, gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5,
@@ -146,7 +155,8 @@ BUILTIN: dict[str, SB3Compat] = {
         policy_nets=("policy", "value"),
         renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
                  (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
-                 (r"^value\.value_net\.", "value_net."))),
+                 (r"^value\.value_net\.", "value_net.")),
+        optimizers=(("policy.optimizer", "opt"),)),
 
     # SB3-contrib's CrossQ: its constructor (no tau: no target networks) and policy defaults; SB3 has no policy
     # file layout for batch renormalisation, so model.policy.save() is refused

@@ -4,7 +4,8 @@ SB3 takes an env id, a `gymnasium.Env`, or a vector env (its own `VecEnv`: Dummy
 wrappers). hetrl's actors, evaluations and actor processes each build their own envs, so an instance becomes a
 factory of copies (`EnvCopy`: a deep copy each call, picklable when the env is) or, where it cannot be copied, of
 new envs from its `spec` (`SpecEnv`); a vector env gives its width (num_envs) and its first env's factory.
-SB3's `Monitor` is taken off (hetrl counts the episodes itself; a Monitor writing a file is said so), its
+SB3's `Monitor` is taken off the copies (hetrl counts the episodes itself) and the user's Monitor files get the
+training episodes (`MonitorFiles`), its
 `VecFrameStack` becomes frame_stack, its `VecNormalize` the settings of the on-policy algorithms' own
 normalisation (normalize_obs, normalize_reward, clip_obs, clip_reward: hetrl/algos/onpolicy.py); the statistics
 hetrl learns are written back into the user's VecNormalize (`sync_vec_normalize`), so that its save / load and
@@ -67,6 +68,7 @@ class Converted:
     notes: list = field(default_factory=list)
     settings: dict = field(default_factory=dict)   # settings the env implies (a VecNormalize's)
     vec_normalize: Any = None     # the user's VecNormalize, if any
+    monitors: list = field(default_factory=list)   # the user's SB3 Monitors that write files (MonitorFiles)
 
 
 def picklable(spec: Any) -> bool:
@@ -83,15 +85,59 @@ def is_sb3_vec_env(env: Any) -> bool:
     return all(hasattr(env, a) for a in ("num_envs", "step_async", "step_wait", "get_attr", "env_method"))
 
 
+def _is_monitor(env: Any) -> bool:
+    return type(env).__name__ in ("Monitor", "VecMonitor") and type(env).__module__.startswith("stable_baselines3")
+
+
 def _without_monitor(env: gym.Env) -> gym.Env:
-    """The env inside SB3's Monitor wrappers (the outer ones); a Monitor that writes a file is said so."""
-    while type(env).__name__ == "Monitor" and type(env).__module__.startswith("stable_baselines3"):
-        writer = getattr(env, "results_writer", None)
-        if writer is not None:
-            warnings.warn("hetrl trains on copies of this env: its Monitor file gets no training episodes (use a "
-                          "callback, TensorBoard (tensorboard_log) or model.ep_info_buffer)", stacklevel=4)
+    """The env inside SB3's Monitor wrappers (the outer ones)."""
+    while _is_monitor(env):
         env = env.env
     return env
+
+
+def monitor_of(env: Any) -> Any:
+    """The outermost SB3 Monitor among `env`'s outer wrappers that writes a file (None if none)."""
+    while isinstance(env, gym.Wrapper):
+        if _is_monitor(env) and getattr(env, "results_writer", None) is not None:
+            return env
+        if not _is_monitor(env):
+            return None
+        env = env.env
+    return None
+
+
+class MonitorFiles:
+    """The Monitor files of the user's env (SB3's `Monitor(env, filename)`, `make_vec_env(monitor_dir=...)`,
+    `VecMonitor(venv, filename)`), written with the training episodes as SB3's Monitor writes them: one row
+    (r, l, t) per episode through the Monitor's own results writer, t in seconds since the Monitor started.
+
+    hetrl steps copies of the env, not the user's objects, and its actors report a phase's episodes without
+    the env each came from: with several envs, the rows go to the envs' files in turn as the episodes finished
+    (every file gets its share; `load_results` reads them all, sorted by t)."""
+
+    def __init__(self, monitors: list):
+        self.monitors = [m for m in monitors if m is not None]
+        self._next = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.monitors)
+
+    def write(self, episodes: list) -> None:
+        import time
+
+        for r, n in episodes:
+            m = self.monitors[self._next % len(self.monitors)]
+            self._next += 1
+            t = time.time() - m.t_start
+            m.results_writer.write_row({"r": round(float(r), 6), "l": int(n), "t": round(t, 6)})
+            if hasattr(m, "episode_returns"):   # a Monitor's own record (get_episode_rewards(), ...)
+                m.episode_returns.append(float(r))
+                m.episode_lengths.append(int(n))
+                m.episode_times.append(t)
+                m.total_steps += int(n)
+            else:   # a VecMonitor counts its episodes
+                m.episode_count += 1
 
 
 def _spec_factory(spec, what: str) -> SpecEnv:
@@ -136,7 +182,7 @@ def convert(env: Any) -> Converted:
         spec = fns[0] if fns else _spec_factory(getattr(env, "spec", None), "this vector env")
         return Converted(spec, int(env.num_envs), user_env=None)
     if isinstance(env, gym.Env):
-        return Converted(env_factory(env), 1, user_env=env)
+        return Converted(env_factory(env), 1, user_env=env, monitors=[monitor_of(env)])
     if callable(env):
         return Converted(env, 1, user_env=None)
     raise UsageError(f"env of type {type(env).__name__} is not supported; pass an env id, a gymnasium.Env, a "
@@ -154,9 +200,11 @@ def _vec_normalize_settings(v: Any) -> dict:
 
 
 def _convert_vec_env(venv: Any) -> Converted:
-    stack, v, settings, vn = 1, venv, {}, None
+    stack, v, settings, vn, monitors = 1, venv, {}, None, []
     while hasattr(v, "venv"):   # SB3's VecEnvWrapper
         kind = type(v).__name__
+        if kind == "VecMonitor" and getattr(v, "results_writer", None) is not None:
+            monitors = [v]
         if kind == "VecFrameStack":
             stack *= int(v.stacked_obs.n_stack)
         elif kind == "VecNormalize":
@@ -170,14 +218,30 @@ def _convert_vec_env(venv: Any) -> Converted:
         v = v.venv
     n = int(venv.num_envs)
     envs = getattr(v, "envs", None)
-    if envs:   # DummyVecEnv: the env objects are here
-        return Converted(env_factory(envs[0]), n, stack, user_env=venv, settings=settings, vec_normalize=vn)
+    if envs:   # DummyVecEnv: the env objects are here (their Monitors too)
+        monitors = monitors or [monitor_of(e) for e in envs]
+        return Converted(env_factory(envs[0]), n, stack, user_env=venv, settings=settings, vec_normalize=vn,
+                         monitors=monitors)
     try:
         spec = v.get_attr("spec", [0])[0]
     except Exception:
         spec = None
+    if not monitors and _wraps_monitor(v):
+        warnings.warn(f"the Monitors inside {type(v).__name__}'s processes get no training episodes (hetrl trains "
+                      "on copies of the envs); wrap the vector env in VecMonitor(venv, filename) for a monitor file, "
+                      "or use DummyVecEnv", stacklevel=4)
     return Converted(_spec_factory(spec, f"the vector env {type(v).__name__}"), n, stack, user_env=venv,
-                     settings=settings, vec_normalize=vn)
+                     settings=settings, vec_normalize=vn, monitors=monitors)
+
+
+def _wraps_monitor(venv: Any) -> bool:
+    """Whether the envs of SB3's vector env `venv` (in its processes) are in SB3's Monitor."""
+    try:
+        from stable_baselines3.common.monitor import Monitor
+
+        return any(venv.env_is_wrapped(Monitor))
+    except Exception:   # SB3 absent, or a vector env that cannot say
+        return False
 
 
 def sync_vec_normalize(vn: Any, algo: Any) -> None:

@@ -181,6 +181,7 @@ class OffPolicyModel:
         self._logger: Any = None
         self._custom_logger = False
         self._user_vec = None
+        self._monitor = sb3envs.MonitorFiles(conv.monitors if conv is not None else [])
         self._cfg0 = self._config(steps=1, plan="none", check_out=False)
         torch.manual_seed(seed)   # the networks as the first Run's core builds them (setup_process seeds first)
         self._algo_obj = make_algorithm(self._cfg0, self._obs_space, self.action_space, "cpu")
@@ -197,7 +198,7 @@ class OffPolicyModel:
         return api.prepare(self.algo, spec, steps=steps, seed=self.seed, out=own.get("out"),
                            force=bool(own.get("force")) or self.run is not None or self._pending is not None,
                            plan=plan, objective=own.get("objective", "throughput"),
-                           allow_more_envs=bool(own.get("allow_more_envs")), progress=self.verbose >= 1, **pins)
+                           allow_more_envs=bool(own.get("allow_more_envs")), progress=self.verbose >= 2, **pins)
 
     # ---- SB3's attributes ---------------------------------------------------------------------------------
     @property
@@ -268,11 +269,13 @@ class OffPolicyModel:
             hook.training_start(None)
             hook.training_end(None)
             return self
+        self._sync_run()
         run = self._open_run(target, reset_num_timesteps)
         self.start_time = time.time_ns()   # after planning and building the Run (SB3's fps: of training)
         try:
-            run.learn(progress=progress_bar, callback=hook, keep_open=True)
+            run.learn(progress=False, callback=hook, keep_open=True)   # the bar: the hook's (SB3's)
         except BaseException:
+            hook.close_bar()
             self._salvage(keep_counters=True)
             raise
         self.num_timesteps = run.env_steps
@@ -287,6 +290,8 @@ class OffPolicyModel:
             self._salvage(keep_counters=False)
         plan = self._own.get("plan", "auto")
         cfg, out, planned = self._config(target, plan)
+        if self.verbose == 1:   # the planner's own lines (its profiling, its notes) at verbose >= 2
+            print(plan_line(cfg, planned), flush=True)
         cfg = self._kernel_for_lr(cfg)
         run = api.Run(cfg, self._conv.spec, out, bool(self._own.get("save_replay")), plan_info=planned)
         try:
@@ -332,6 +337,7 @@ class OffPolicyModel:
 
     def _salvage(self, keep_counters: bool) -> None:
         """Close the open Run, keeping its networks, optimizers, replay (and counters) for the next one."""
+        self._sync_run()   # parameters written through model.policy reach the Run's state first
         run, self.run = self.run, None
         if run is None:
             return
@@ -412,33 +418,88 @@ class OffPolicyModel:
                              f"{self._obs_space}, {self.action_space}")
         self._salvage(keep_counters=True)
         self._conv, self._user_vec, self._pred = conv, None, None
+        self._monitor = sb3envs.MonitorFiles(conv.monitors)
 
     # ---- parameters --------------------------------------------------------------------------------------------
     def get_parameters(self) -> dict:
-        """The algorithm's state: its networks' and optimizers' state dicts by hetrl's names (DQN: q, q_target, opt;
-        SAC: actor, critics, critics_target, actor_opt, critic_opt, log_alpha, alpha_opt; ...) and `updates`."""
-        return self._algo().state_dict()
+        """SB3's layout where the algorithm has SB3's names: {"policy": model.policy.state_dict() (SB3's names),
+        "policy.optimizer" (DQN, PPO, A2C) or "actor.optimizer", "critic.optimizer" (DDPG, TD3, SAC) and
+        "ent_coef_optimizer" (SAC with a learned ent_coef): the optimizers' torch state dicts}. Otherwise (CrossQ, an
+        algorithm of one's own) the algorithm's state dict by hetrl's names (actor, critics, actor_opt, ...)."""
+        sig = sb3args.compat(self.algo)
+        algo = self._algo()
+        if not sig.optimizers:
+            return algo.state_dict()
+        state = algo.state_dict()
+        out = {"policy": self.policy.state_dict()}
+        for name, key in sig.optimizers:
+            if state.get(key):
+                out[name] = state[key]
+        return out
 
     def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: Any = "auto") -> None:
-        """Load `get_parameters()`'s dict (exact_match=False: only the entries given), or a saved model's."""
+        """Load get_parameters()'s dict (exact_match=False: only the entries given; in SB3's layout the policy's
+        entries too), a dict of the algorithm's own names, or a saved model's parameters (a path)."""
         params = load_path_or_dict
         if not isinstance(params, dict):
             params = _read_saved(load_path_or_dict)[1]["algo"]
+        sig = sb3args.compat(self.algo)
         algo = self._algo()
-        have = algo.state_dict()
-        if exact_match and set(params) != set(have):
-            raise UsageError(f"set_parameters: the names differ from the model's: expected {sorted(have)}, got "
-                             f"{sorted(params)}; pass exact_match=False to set some of them")
-        unknown = set(params) - set(have)
-        if unknown:
-            raise UsageError(f"set_parameters: {sorted(unknown)} are not the model's ({sorted(have)})")
-        merged = {**have, **params}
+        have = self.get_parameters() if sig.optimizers else {}
+        if sig.optimizers and set(params) <= set(have) | {n for n, _ in sig.optimizers} and \
+                isinstance(params.get("policy"), dict) and set(params["policy"]) <= set(have["policy"]):
+            # SB3's layout (a "policy" of SB3's names; hetrl's own PPO state has a "policy" of its own names)
+            if exact_match and set(params) != set(have):
+                raise UsageError(f"set_parameters: the names differ from the model's: expected {sorted(have)}, got "
+                                 f"{sorted(params)}; pass exact_match=False to set some of them")
+            unknown = set(params) - set(have)
+            if unknown:
+                raise UsageError(f"set_parameters: {sorted(unknown)} are not the model's ({sorted(have)})")
+            keys_of, names_of = dict(sig.optimizers), {v: k for k, v in sig.optimizers}
+            opts = {keys_of[k]: v for k, v in params.items() if k != "policy"}
+            state = algo.state_dict()
+            for key, opt in opts.items():   # checked before anything is written
+                if [len(g["params"]) for g in opt.get("param_groups", [])] != \
+                        [len(g["params"]) for g in state[key].get("param_groups", [])]:
+                    raise UsageError(f"set_parameters: the optimizer state {names_of[key]!r} is laid out for other "
+                                     "parameter tensors (an SB3 model's optimizer?); pass {'policy': ...} alone with "
+                                     "exact_match=False")
+            try:
+                torch.nn.Module.load_state_dict(self.policy, params["policy"], strict=exact_match)
+            except RuntimeError as e:
+                raise UsageError(f"set_parameters: the policy's entries do not fit this model: {e}") from None
+            params = opts
+            merged = {**algo.state_dict(), **params}
+        else:
+            have = algo.state_dict()
+            if exact_match and set(params) != set(have):
+                raise UsageError(f"set_parameters: the names differ from the model's: expected {sorted(have)}, got "
+                                 f"{sorted(params)}; pass exact_match=False to set some of them")
+            unknown = set(params) - set(have)
+            if unknown:
+                raise UsageError(f"set_parameters: {sorted(unknown)} are not the model's ({sorted(have)})")
+            merged = {**have, **params}
         if self.run is not None:
             self.run.load_parameters(merged)
+            self._run_stale = False
         else:
             algo.load_state_dict(merged)
             self._fresh = False
         self._epoch += 1
+
+    def _parameters_changed(self) -> None:
+        """The networks were written from outside (model.policy.load_state_dict): acting uses them at once; an open
+        Run's learner and actors get them before its next phase (`_sync_run`)."""
+        self._epoch += 1
+        if self.run is not None:
+            self._run_stale = True
+        else:
+            self._fresh = False
+
+    def _sync_run(self) -> None:
+        if self.run is not None and getattr(self, "_run_stale", False):
+            self.run.load_parameters(self._algo().state_dict())
+        self._run_stale = False
 
     # ---- saving -------------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, exclude: Any = None, include: Any = None) -> None:
@@ -463,6 +524,7 @@ class OffPolicyModel:
 
     def _write_dir(self, d: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
+        self._sync_run()
         if self.run is not None:
             self.run.save(d, replay=False)
         else:
@@ -590,11 +652,15 @@ class OffPolicyModel:
     # ---- logging -------------------------------------------------------------------------------------------------
     def _episodes(self, episodes: list, log_interval: int | None) -> None:
         t = (time.time_ns() - self.start_time) / 1e9
+        if self._monitor:
+            self._monitor.write(episodes)
+        before = self._episode_num
         for r, n in episodes:
             self.ep_info_buffer.append({"r": float(r), "l": int(n), "t": round(t, 6)})
             self._episode_num += 1
-            if log_interval and self._episode_num % log_interval == 0 and self._logs():
-                self.dump_logs()
+        # SB3 writes a table every log_interval episodes; a phase's episodes arrive together: one table for them
+        if log_interval and self._episode_num // log_interval > before // log_interval and self._logs():
+            self.dump_logs()
 
     def _logs(self) -> bool:
         return self._custom_logger or bool(getattr(self._logger, "output_formats", None))
@@ -613,6 +679,8 @@ class OffPolicyModel:
         lg.record("time/time_elapsed", int(dt), exclude="tensorboard")
         lg.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         algo = self._algo()
+        for k, v in (self.run.train_stats() if self.run is not None else {}).items():   # the algorithm's `stats`
+            lg.record(f"train/{k}", v)
         lg.record("train/n_updates", int(algo.updates))
         lg.record("train/learning_rate", float(self._lr_fn(self._progress()) if self._lr_fn else
                                                self.hetrl_settings.get("lr", 0.0)))
@@ -624,6 +692,23 @@ class OffPolicyModel:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.policy_class!r}, {self.hetrl_settings.get('num_envs')} envs, " \
                f"num_timesteps={self.num_timesteps})"
+
+
+def plan_line(cfg, planned: dict | None) -> str:
+    """One line saying the system a learn() runs on (SB3 says its device at verbose=1)."""
+    p = (planned or {}).get("plan", {}).get("plan") or {}
+    s = cfg.system
+    sched, dev = p.get("schedule", s.schedule), p.get("learner_device", s.device)
+    if sched == "inline":
+        where = f"inline, {cfg.num_envs} env(s)"
+    elif p:
+        where = f"{sched}, {p['actors']} actor process(es) x {p['envs_per_actor']} env(s)"
+    else:
+        where = f"{sched}, {s.actors or 'auto'} actor process(es), {cfg.num_envs} env(s)"
+    line = f"hetrl: {where}, learner on {dev}"
+    if planned:
+        line += f"; planned for {planned['predicted_env_steps_per_s']:,.0f} env steps/s (`hetrl plan` explains it)"
+    return line
 
 
 def _is_id(env: Any) -> bool:

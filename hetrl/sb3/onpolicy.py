@@ -83,6 +83,8 @@ class OnPolicyModel(OffPolicyModel):
     # ---- logging -------------------------------------------------------------------------------------------
     def _episodes(self, episodes: list, log_interval: int | None) -> None:
         t = (time.time_ns() - self.start_time) / 1e9
+        if self._monitor:
+            self._monitor.write(episodes)
         for r, n in episodes:
             self.ep_info_buffer.append({"r": float(r), "l": int(n), "t": round(t, 6)})
             self._episode_num += 1

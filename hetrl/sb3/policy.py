@@ -1,4 +1,5 @@
-"""`model.policy`: the model's policy as SB3's policy objects are used (predict, save, state_dict).
+"""`model.policy`: the model's policy as SB3's policy objects are used: a torch module with SB3's parameter names
+over the algorithm's live parameters (state_dict, load_state_dict), predict, save.
 
 `save(path)` writes Stable-Baselines3's own policy file (SB3's `MlpPolicy.load(path)` / `CnnPolicy.load(path)`
 read it: `torch.save({"state_dict", "data"})` of SB3's policy class) for the built-in DQN (MLP or the Nature
@@ -15,6 +16,7 @@ import re
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from hetrl.errors import UsageError
@@ -90,24 +92,86 @@ def sb3_policy(model):
     return policy
 
 
-class ModelPolicy:
-    """SB3's `model.policy`, for a hetrl model: predict, save (SB3's policy file), state_dict (SB3's names)."""
+def sb3_name(algo_name: str, name: str) -> str | None:
+    """SB3's policy's name of the algorithm's state-dict entry `name` ("<net>.<key>"); None where SB3 has none."""
+    for pat, rep in compat(algo_name).renames:
+        if re.match(pat, name):
+            return re.sub(pat, rep, name)
+    return None
+
+
+def _attach(root: torch.nn.Module, path: str, tensor: torch.Tensor, is_param: bool) -> None:
+    """Register the live `tensor` at the dotted `path` under `root` (containers made on the way)."""
+    *parts, leaf = path.split(".")
+    mod = root
+    for part in parts:
+        child = mod._modules.get(part)
+        if child is None:
+            child = torch.nn.Module()
+            mod.add_module(part, child)
+        mod = child
+    if is_param:
+        mod.register_parameter(leaf, tensor)
+    else:
+        mod.register_buffer(leaf, tensor)
+
+
+class ModelPolicy(torch.nn.Module):
+    """SB3's `model.policy`, for a hetrl model: a torch module whose parameters are the algorithm's live ones under
+    SB3's names (DQN: q_net.q_net.0.weight, q_net_target...; SAC: actor.latent_pi..., critic.qf0...; PPO:
+    mlp_extractor.policy_net..., action_net, value_net, log_std), so that state_dict() reads and load_state_dict()
+    writes the networks hetrl trains and acts with; predict, save (SB3's policy file), parameters_to_vector /
+    load_from_vector. An algorithm without SB3's names (no `sb3.renames`) has its own networks' names
+    ("<net>.<key>"). Entries SB3's policy has no counterpart for (an observation normaliser) stay out."""
 
     def __init__(self, model):
-        self._model = model
+        super().__init__()
+        object.__setattr__(self, "_model", model)   # not a submodule: the model is no torch module
         self.observation_space, self.action_space = model.observation_space, model.action_space
+        algo, name = model._algo(), model.algo
+        sig = compat(name)
+        nets = sig.policy_nets if sig.renames else tuple(k for k, v in vars(algo).items()
+                                                          if isinstance(v, torch.nn.Module))
+        for net in nets:
+            module = getattr(algo, net)
+            params = dict(module.named_parameters())
+            for k, t in [*params.items(), *module.named_buffers()]:
+                full = f"{net}.{k}"
+                target = sb3_name(name, full) if sig.renames else full
+                if target is not None:
+                    _attach(self, target, t, k in params)
 
     def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False):
         return self._model.predict(observation, state, episode_start, deterministic)
+
+    def forward(self, obs: Any, deterministic: bool = False):
+        """Actions for a batch of observations (the model's predict)."""
+        return torch.as_tensor(self._model.predict(np.asarray(obs), deterministic=deterministic)[0])
 
     def save(self, path: str) -> None:
         """Stable-Baselines3's policy file (its MlpPolicy.load / CnnPolicy.load read it)."""
         sb3_policy(self._model).save(path)
 
-    def state_dict(self) -> dict:
-        """The networks under SB3's names where the algorithm has an SB3 policy, else hetrl's."""
-        m = self._model
-        return sb3_state_dict(m.algo, m._algo()) if compat(m.algo).policy_classes else m.get_parameters()
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Write `state_dict` (SB3's names; strict=False: the entries given) into the model's live networks: acting
+        uses them at once, training from the next learn() on."""
+        if assign:
+            raise UsageError("model.policy.load_state_dict(assign=True) would replace the networks hetrl trains; "
+                             "leave assign=False (the values are copied in)")
+        out = super().load_state_dict(state_dict, strict=strict)
+        self._model._parameters_changed()
+        return out
+
+    def parameters_to_vector(self) -> np.ndarray:
+        """The parameters as one flat numpy vector (SB3's BasePolicy.parameters_to_vector)."""
+        return torch.nn.utils.parameters_to_vector(self.parameters()).detach().cpu().numpy()
+
+    def load_from_vector(self, vector: np.ndarray) -> None:
+        """Set the parameters from a flat vector of parameters_to_vector()'s layout."""
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(torch.as_tensor(vector, dtype=torch.float32, device=self.device),
+                                                self.parameters())
+        self._model._parameters_changed()
 
     def set_training_mode(self, mode: bool) -> None:
         pass
