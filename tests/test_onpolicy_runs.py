@@ -157,7 +157,8 @@ def test_the_planner_prices_an_on_policy_phase_and_plans_it(tmp_path, monkeypatc
     local = Plan(schedule="local", actors=2, envs_per_actor=4, batch_size=cfg.batch_size)
     assert _chunk(local, work) == 128 and learner_group(local, work) == 20   # the phase: 20 epochs of 1
     table = run_profile(cfg, devices=["cpu"], quick=True, measure_power=False, ipc=False)
-    assert table.data["learner_kernel"]["cpu"]["name"] == "public" and not table.data["prefetch"]
+    # (PPO's learn is compiled too: the profile keeps whichever kernel it measured equal and faster)
+    assert table.data["learner_kernel"]["cpu"]["name"] in ("public", "compiled") and not table.data["prefetch"]
     pred = predict(local, table, work)
     assert pred.bound in ("lockstep", "cpu") and pred.env_steps_per_s > 0
     result = plan(cfg, profile=table)
