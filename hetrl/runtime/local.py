@@ -196,6 +196,8 @@ class LocalSchedule(Schedule):
     def actors_state(self) -> dict:
         """At a phase boundary every actor is idle: each is asked for its state (a message on its control pipe)."""
         if not self._phased:
+            if getattr(self.core, "rollout", False):
+                return {"unsaved": "an on-policy run's actors are not saved under this schedule"}
             return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
         if self._final is not None or self._finished:
             return self._final or {"unsaved": "the actors were stopped when the run finished"}
