@@ -389,6 +389,20 @@ def bench_busy(doc):
     return f"median of {doc['rounds']} round{'s' * (doc['rounds'] > 1)}, alternating:", entries
 
 
+def bench_lanes_busy(doc):
+    entries = []
+    for name, c in doc["cases"].items():
+        for path in ("head", "derived"):
+            if path not in c:
+                continue
+            m = c[path]["median_ms"]
+            text = (f"{label(name)} compiled kernel ({path} phase), ms per learn call: one lane {num(m['quiet_1'])}, two "
+                    f"lanes {num(m['quiet_2'])}; beside a one-core CPU hog: two lanes {num(m['hog_2'])}, one lane "
+                    f"{num(m['hog_1'])}; two lanes beside the hog / one lane quiet **{c[path]['hog_2_over_quiet_1']:.2f}**")
+            entries.append(Entry("kernels", f"lanes-busy:{name}:{path}", text))
+    return f"median of {doc['rounds']} rounds, alternating:", entries
+
+
 def bench_shared_cpu(doc):
     text = (f"DQN CartPole-v1 alone, then beside a competing torch training: {num(doc['solo_env_steps_per_s'])} env "
             f"steps/s alone, {num(doc['shared_env_steps_per_s'])} beside it (**{doc['ratio']:.2f}** of alone); learner "
@@ -452,7 +466,7 @@ def notes(doc):
 EXTRACTORS = {f.__name__: f for f in (bench_sb3, bench_learner_kernels, bench_sac_td3_update, bench_cnn_layout,
                                       bench_atari_memory, bench_population, bench_versions, bench_local, bench_ray,
                                       bench_policy_lag, bench_planner, bench_learning, bench_sb3_api, tabular_scaling,
-                                      soak, bench_shared_cpu, bench_busy, gpu_check, train, notes)}
+                                      soak, bench_shared_cpu, bench_busy, bench_lanes_busy, gpu_check, train, notes)}
 
 
 # --- reading the results ---------------------------------------------------------------------------------------
