@@ -69,8 +69,8 @@ SCHEMA = "hetrl-gpu-check/2"
 
 # (letter, name, wall budget in seconds on the GPU machine), in the order they run. The default call
 # (DEFAULT_STAGES, --max-s 480) fits a, b, c, k and g (470 s of budgets); d runs in what they leave.
-STAGES = [("a", "env", 15), ("b", "tests", 90), ("c", "learner", 130), ("k", "kernels", 45),
-          ("g", "population", 225), ("d", "planner", 120), ("e", "sb3", 150), ("f", "sweep", 210)]
+STAGES = [("a", "env", 15), ("b", "tests", 90), ("c", "learner", 130), ("k", "kernels", 30),
+          ("g", "population", 195), ("d", "planner", 120), ("e", "sb3", 150), ("f", "sweep", 210)]
 DEFAULT_STAGES = "a,b,c,k,g,d"
 BUDGETS_S = {name: s for _, name, s in STAGES}
 QUICK_BUDGET_FACTOR = 3   # --quick rehearses on a CPU machine, whose imports and CPU work are slower than the GPU host's

@@ -60,7 +60,9 @@ def pytest_configure(config):
 # collected last would run alone at the end while the other worker idles
 LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_local_lifecycle.py", "test_atari.py",
                  "test_population.py", "test_ray_cluster.py", "test_crossq.py", "test_ray_start.py", "test_local.py",
-                 "test_sac_td3.py", "test_kernel_compiled.py", "test_compiler.py", "test_callbacks.py", "test_cli.py")
+                 "test_sac_td3.py", "test_onpolicy_runs.py", "test_onpolicy_sb3.py", "test_kernel_compiled.py",
+                 "test_compiler.py", "test_planner_busy.py", "test_sb3_surface.py", "test_learning.py", "test_callbacks.py",
+                 "test_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
