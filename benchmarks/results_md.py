@@ -109,7 +109,7 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-LABEL = {"dqn": "DQN", "ddpg": "DDPG", "td3": "TD3", "sac": "SAC", "crossq": "CrossQ", "sb3": "SB3", "sbx": "SBX"}
+LABEL = {"dqn": "DQN", "ddpg": "DDPG", "td3": "TD3", "sac": "SAC", "crossq": "CrossQ", "ppo": "PPO", "a2c": "A2C", "qrdqn": "QR-DQN", "sb3": "SB3", "sbx": "SBX"}
 
 
 def label(x: str) -> str:
