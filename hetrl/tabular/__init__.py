@@ -30,7 +30,7 @@ from hetrl.tabular.options import ALGOS, BACKENDS, DTYPES, MERGES, MODES, SARSA_
 if TYPE_CHECKING:  # numpy is imported lazily: `hetrl --help` must stay cheap
     import numpy as np
 
-# Defaults that learn each env's optimal policy from 1M random transitions on every toy-text env
+# Defaults measured to learn from 1M random transitions on every toy-text env
 # tried (docs/tabular.md, "Learning results"); per-env entries override them.
 DEFAULTS = {
     "offline": dict(rounds=10, alpha=0.5, alpha_final=0.05, gamma=0.99, epsilon=0.3, epsilon_final=0.0),
