@@ -34,6 +34,16 @@ ON_POLICY_TAIL: dict[str, Any] = {"use_sde": False, "sde_sample_freq": -1, "roll
                                   "rollout_buffer_kwargs": None}
 TAIL: dict[str, Any] = {"stats_window_size": 100, "tensorboard_log": None, "policy_kwargs": None, "verbose": 0,
                         "seed": None, "device": "auto"}
+# PPO's and A2C's policy: SB3's ActorCriticPolicy (separate pi / vf MLPs), its parameter names and optimizer
+ACTOR_CRITIC_POLICY: dict[str, Any] = dict(
+    net_arch={"pi": [64, 64], "vf": [64, 64]}, activation="tanh", net_arch_keys=("pi", "vf"),
+    policy_aliases=("ActorCriticPolicy",), optimizer_kwargs=({"eps": 1e-5},),
+    policy_classes={"MlpPolicy": "stable_baselines3.common.policies:ActorCriticPolicy"},
+    policy_nets=("policy", "value"),
+    renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
+             (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
+             (r"^value\.value_net\.", "value_net.")),
+    optimizers=(("policy.optimizer", "opt"),))
 
 
 @dataclass(frozen=True)
@@ -136,27 +146,13 @@ BUILTIN: dict[str, SB3Compat] = {
         defaults=dict(learning_rate=3e-4, n_steps=2048, batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95,
                       clip_range=0.2, clip_range_vf=None, normalize_advantage=True, ent_coef=0.0, vf_coef=0.5,
                       max_grad_norm=0.5, **ON_POLICY_TAIL, target_kl=None, **TAIL),
-        net_arch={"pi": [64, 64], "vf": [64, 64]}, activation="tanh", net_arch_keys=("pi", "vf"), log_interval=1,
-        policy_aliases=("ActorCriticPolicy",), optimizer_kwargs=({"eps": 1e-5},),
-        policy_classes={"MlpPolicy": "stable_baselines3.common.policies:ActorCriticPolicy"},
-        policy_nets=("policy", "value"),
-        renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
-                 (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
-                 (r"^value\.value_net\.", "value_net.")),
-        optimizers=(("policy.optimizer", "opt"),)),
+        log_interval=1, **ACTOR_CRITIC_POLICY),
     "a2c": SB3Compat(
         class_name="A2C",
         defaults=dict(learning_rate=7e-4, n_steps=5, gamma=0.99, gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5,
                       max_grad_norm=0.5, rms_prop_eps=1e-5, use_rms_prop=True, **ON_POLICY_TAIL,
                       normalize_advantage=False, **TAIL),
-        net_arch={"pi": [64, 64], "vf": [64, 64]}, activation="tanh", net_arch_keys=("pi", "vf"), log_interval=100,
-        policy_aliases=("ActorCriticPolicy",), optimizer_kwargs=({"eps": 1e-5},),
-        policy_classes={"MlpPolicy": "stable_baselines3.common.policies:ActorCriticPolicy"},
-        policy_nets=("policy", "value"),
-        renames=((r"^policy\.body\.", "mlp_extractor.policy_net."), (r"^policy\.action_net\.", "action_net."),
-                 (r"^policy\.log_std$", "log_std"), (r"^value\.body\.", "mlp_extractor.value_net."),
-                 (r"^value\.value_net\.", "value_net.")),
-        optimizers=(("policy.optimizer", "opt"),)),
+        log_interval=100, **ACTOR_CRITIC_POLICY),
 
     # SB3-contrib's CrossQ: its constructor (no tau: no target networks) and policy defaults; SB3 has no policy
     # file layout for batch renormalisation, so model.policy.save() is refused
