@@ -33,8 +33,11 @@ from hetrl.kernels.compiled import vm
 from hetrl.kernels.compiled.graph import MM, TV, Adam, Buf, Const, Converter, Draw, Kern, Ld, Out, bstrides, mk
 from hetrl.kernels.compiled.trace import Declined
 
-BLOCK_ROWS = 32          # a row block has at least this many rows
-MAX_BLOCKS = 8           # and there are at most this many blocks
+# Row blocks: the fewer, the larger the products (a 256-row product in 8 blocks of 32 rows ran at 0.80x (MKL) and
+# 0.62x (OpenBLAS) of one 256-row product on one thread of an AVX2 EPYC, in 2 blocks at 0.92x and 0.98x; a 64-row
+# batch in one block, not two, made DQN's phase 1.1x faster); the more, the finer two lanes share the rows
+BLOCK_ROWS = 64          # a row block has at least this many rows
+BLOCKS = (2, 4)          # and there are at most this many blocks: below 512 rows, from 512 rows
 SPAN = 1 << 15           # elements per span of a large global pass
 BIG = 1 << 15            # a global pass of at least this many elements is split into spans
 GEMM_CHUNK = 64          # output rows (or columns) per task of a global matrix product
@@ -49,7 +52,7 @@ REDUCE = ("sum", "max", "min", "prod")
 
 def blocks(n: int) -> int:
     """The fixed number of blocks n rows are split into (whatever the number of threads)."""
-    return max(1, min(MAX_BLOCKS, n // BLOCK_ROWS))
+    return max(1, min(BLOCKS[0] if n < 512 else BLOCKS[1], n // BLOCK_ROWS))
 
 
 def spans(n: int) -> int:
@@ -66,6 +69,23 @@ def loads_of(e, out: list) -> list:
     elif e[0] not in ("c", "rc", "iota"):
         for a in e[1:]:
             loads_of(a, out)
+    return out
+
+
+def _loads_once(e) -> list:
+    """Every Ld in expression e, each shared subexpression walked once (an inlined producer is one tuple referred
+    to from every place it is read: a walk of the tree would visit it once per path)."""
+    out, seen, stack = [], set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x[0] == "ld":
+            out.append(x[1])
+            stack.extend(ie for ie, _ in x[1].index)
+        elif x[0] not in ("c", "rc", "iota"):
+            stack.extend(x[1:])
     return out
 
 
@@ -191,10 +211,14 @@ class Lowering:
     def _inline_producers(self, ops):
         """A pass whose one output (a temporary) one later pass over the same space reads, element for element, is
         computed inside that pass instead (its expression in place of the load): a relu's mask is not stored by the
-        forward to be loaded by the backward, an intermediate of a loss is not kept."""
-        while True:
-            readers, writers = self._readers(ops), self._writers(ops)
-            done = False
+        forward to be loaded by the backward, an intermediate of a loss is not kept. Sweeps until none is left, the
+        readers and writers kept up to date as passes are inlined (not found again after each: a graph of a few
+        hundred passes made that quadratic, seconds)."""
+        ops = list(ops)
+        readers, writers = self._readers(ops), self._writers(ops)
+        changed = True
+        while changed:
+            changed = False
             for i, op in enumerate(ops):
                 if not isinstance(op, Kern) or len(op.outs) != 1:
                     continue
@@ -218,7 +242,7 @@ class Lowering:
                 if any(any(ie[0] == "ld" and ie[1].buf == b for ie, _ in w.index) for w in c.outs):
                     continue
                 # nothing between may write what the producer reads
-                ins = [ld for ld in loads_of(o.expr, [])]
+                ins = _loads_once(o.expr)
                 if any(self._touches_write(ops[k], ld.buf, *extent(ld.off, op.shape, ld.strides))
                        for k in range(i + 1, j) for ld in ins):
                     continue
@@ -242,11 +266,15 @@ class Lowering:
                 for w in c.outs:
                     w.expr = sub(w.expr)
                 ops[i] = None
-                done = True
-                break
-            ops = [x for x in ops if x is not None]
-            if not done:
-                return ops
+                # the producer's reads are the consumer's now; b is read and written by no one
+                for buf in {ld.buf for ld in ins}:
+                    readers[buf] = [(k, x) for k, x in readers.get(buf, []) if k != i]
+                for ld in ins:
+                    readers[ld.buf].append((j, ld))
+                readers.pop(b, None)
+                writers.pop(b, None)
+                changed = True
+        return [x for x in ops if x is not None]
 
     def _touches_write(self, op, buf, lo, hi) -> bool:
         if op is None:
@@ -978,6 +1006,20 @@ def _squeezed(op: Kern) -> Kern:
     return Kern(tuple(op.shape[d] for d in keep), outs, seq=op.seq, what=op.what)
 
 
+def _flops(op: MM) -> int:
+    M, N = op.out.shape[-2:]
+    return int(M) * int(N) * int(op.a.shape[-1]) * (op.out.shape[0] if op.out.ndim == 3 else 1)
+
+
+def gemm_chunks(it: Item, products: list) -> int:
+    """Tasks a global product is split into: one of more than a quarter of its segment's products' work is split in
+    up to 4 (by its output rows or columns, at least GEMM_CHUNK each), so that two lanes share a segment evenly, and
+    the others stay whole (a product split finer runs slower per FLOP); a fixed function of the program."""
+    total = sum(_flops(p.op) for p in products) or 1
+    want = -(-4 * _flops(it.op) // total)
+    return max(1, min(4, want, it.N // GEMM_CHUNK))
+
+
 def spans_of(it: Item) -> int:
     op = it.op
     n = int(np.prod(op.shape)) if op.shape else 1
@@ -1469,8 +1511,10 @@ class Encoder:
                     nb = blocks(key[1])
                 elif key[0] == "big":
                     it = job[0]
-                    nb = (-(-it.N // GEMM_CHUNK) if isinstance(it.op, MM) else spans(it.N) if isinstance(it.op, Adam)
-                          else spans_of(it))
+                    if isinstance(it.op, MM):
+                        nb = gemm_chunks(it, [j[0] for j in seg if isinstance(j[0].op, MM)])
+                    else:
+                        nb = spans(it.N) if isinstance(it.op, Adam) else spans_of(it)
                 else:
                     nb = 1
                 i0 = len(self.INS)
