@@ -96,6 +96,7 @@ def test_one_and_two_threads_give_the_same_bits():
             kernel.use_threads(threads)
             tds = [kernel.learn(b, weights) for b in phases]
             assert kernel.figures()["lanes"] == threads and kernel.declined is None
+            assert kernel.derived.lanes_run.get(threads), kernel.derived.lanes_run   # (2: the governor's first)
         finally:
             kernel.close()
         results.append((tds, algo.state_dict()))
@@ -103,6 +104,34 @@ def test_one_and_two_threads_give_the_same_bits():
     assert all(torch.equal(a, b) for a, b in zip(td1, td2))
     p1, p2 = s1["nets"]["q"] if "nets" in s1 else s1["q"], s2["nets"]["q"] if "nets" in s2 else s2["q"]
     assert all(torch.equal(p1[k], p2[k]) for k in p1)
+
+
+def test_the_lane_governor_drops_to_one_lane_where_it_is_faster_and_tries_again():
+    """A phase's bits do not depend on its lanes, so the lanes follow the clock: n while n is not slower than one,
+    one lane while it is faster (a small phase, a core another process holds), n tried again every PROBE phases."""
+    from hetrl.kernels.compiled.derived import Lanes
+
+    gov = Lanes(2)
+    assert gov.pick() == 2
+    gov.record(2, 1.0)
+    assert gov.pick() == 1
+    gov.record(1, 2.0)          # two lanes twice as fast: kept, one lane tried every PROBE phases
+    picks = []
+    for _ in range(2 * Lanes.PROBE):
+        k = gov.pick()
+        picks.append(k)
+        gov.record(k, 1.0 if k == 2 else 2.0)
+    assert picks.count(1) == 2 and picks[-1] == 1
+    for _ in range(Lanes.KEEP):   # a core taken: two lanes slower than one was
+        k = gov.pick()
+        gov.record(k, 3.0 if k == 2 else 2.0)
+    assert gov.pick() == 1
+    picks = []
+    for _ in range(3 * Lanes.PROBE):   # the core given back: the probes see it, two lanes again
+        k = gov.pick()
+        picks.append(k)
+        gov.record(k, 1.0 if k == 2 else 2.0)
+    assert picks[-1] == 2 and gov.use == 2
 
 
 class _Reads:   # learn that reads a tensor's value in Python

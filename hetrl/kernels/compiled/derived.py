@@ -12,7 +12,8 @@ otherwise. Each phase:
    public learn instead);
 2. draws the phase's random numbers from the algorithm's generators into the program's draw buffers, unit by unit in
    graph order (what learn would draw);
-3. runs the units on the VM (one native call, without the GIL) over the lanes;
+3. runs the units on the VM (one native call, without the GIL) over the lanes the `Lanes` governor picks (fewer
+   than asked where more are measured slower: a small phase, or a core another process holds);
 4. replays learn's Python-side effect (counters) and writes back the tensors learn assigns.
 """
 
@@ -33,6 +34,46 @@ from hetrl.kernels.compiled.trace import Declined, assign, resolve, trace_unit
 
 _PROGRAMS: dict = {}
 _LOCK = threading.Lock()
+
+
+class Lanes:
+    """How many lanes run one program's phases where n > 1 are asked for: n, or one where one is measured faster.
+
+    More lanes lose where a phase's work per segment is below what handing tasks between lanes costs (a small
+    network's update), and where another process holds a core: a lane descheduled in the middle of a segment
+    holds up every later one. A phase computes the same bits on any number of lanes (fixed tasks, sums in a fixed
+    order), so the choice is free to follow the clock: the wall time per unit of the last few phases on each
+    count, their medians compared; the count not in use is tried again every PROBE phases, so a core given back
+    (or taken) is seen within a few probes."""
+
+    PROBE = 20          # phases between tries of the count not in use
+    KEEP = 3            # phases per count whose times are compared (their median)
+    MARGIN = 1.05       # n lanes are kept unless one is faster by more than this
+
+    def __init__(self, n: int):
+        self.n = n
+        self.times: dict[int, list[float]] = {n: [], 1: []}
+        self.use = n
+        self.since = 0
+
+    def pick(self) -> int:
+        if not self.times[self.n]:
+            return self.n
+        if not self.times[1]:
+            return 1
+        self.since += 1
+        if self.since >= self.PROBE:
+            self.since = 0
+            return 1 if self.use == self.n else self.n
+        return self.use
+
+    def record(self, lanes: int, s_per_unit: float) -> None:
+        t = self.times[lanes]
+        t.append(s_per_unit)
+        del t[:-self.KEEP]
+        if self.times[1] and self.times[self.n]:
+            one, many = float(np.median(self.times[1])), float(np.median(self.times[self.n]))
+            self.use = 1 if one * self.MARGIN < many else self.n
 
 
 def _numpy_dtype(dt):
@@ -85,6 +126,8 @@ class Derived:
         self._scratch: dict = {}
         self.profile_cycles: np.ndarray | None = None   # (lanes, instructions + 1): set to profile (see profile())
         self.compile_s = 0.0    # seconds this object spent tracing and lowering (a program another made is free)
+        self._lanes: dict = {}  # (program, lanes asked) -> its Lanes
+        self.lanes_run: dict[int, int] = {}   # lanes -> phases run on that many
 
     def unit_for(self, batches, weights) -> tuple[Unit, int]:
         """(the program for this phase's units, U)."""
@@ -225,12 +268,23 @@ class Derived:
                     n = prog.slots[slot].numel
                     t = torch.from_numpy(arrays[slot][u * n:(u + 1) * n]).view(d.out.shape)
                     draw_into(d, t, gens[d.generator])
+        gov = None
+        if lanes > 1 and self.profile_cycles is None:
+            gov = self._lanes.get((id(unit), lanes))
+            if gov is None:
+                gov = self._lanes[(id(unit), lanes)] = Lanes(lanes)
+            lanes = gov.pick()
+        self.lanes_run[lanes] = self.lanes_run.get(lanes, 0) + 1
         regs, counters = self.registers(prog, lanes)
         prof = self.profile_cycles if self.profile_cycles is not None else np.zeros((lanes, 0), np.int64)
         if prof.shape[0] != lanes or (prof.shape[1] and prof.shape[1] != prog.INS.shape[0] + 1):
             prof = self.profile_cycles = np.zeros((lanes, prog.INS.shape[0] + 1), np.int64)
-        vm.run_phase(prog.INS, prog.OPD, prog.CODE, prog.CST, prog.F, prog.TASKS, prog.SEGSTART, self.rconst(prog),
+        rc = self.rconst(prog)
+        t0 = time.perf_counter()
+        vm.run_phase(prog.INS, prog.OPD, prog.CODE, prog.CST, prog.F, prog.TASKS, prog.SEGSTART, rc,
                      addr, units, counters, regs, prof)
+        if gov is not None:
+            gov.record(lanes, (time.perf_counter() - t0) / units)
         del keep
         tr = unit.trace
         for path, delta in tr.replay.delta.items():
