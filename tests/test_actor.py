@@ -91,3 +91,38 @@ def test_collect_into_a_destination_writes_what_collect_returns(n_step):
         for k in spec:
             np.testing.assert_array_equal(out[k][:rows], want[k], err_msg=k)
     assert act.drain_episodes() == ref.drain_episodes()
+
+
+class SeededLength(gym.Env):
+    """Episodes of 2 + (its first reset seed mod 3) steps: each env of a vector has its own length."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    length = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.length is None and seed is not None:
+            self.length = 2 + seed % 3
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 1.0, self.t >= self.length, False, {}
+
+
+def test_each_finished_episode_says_its_env_in_the_run():
+    from hetrl.actors import Episode
+
+    actor = Actor(SeededLength, num_envs=3, seed=0, policy=ConstPolicy(), env_offset=6)
+    actor.collect(60, lambda s: 0.0)
+    eps = actor.drain_episodes()
+    assert {e.env for e in eps} == {6, 7, 8}
+    # env 6 + j runs episodes of 2 + j steps: every episode is given to the env it ran in
+    assert all(isinstance(e, Episode) and e == (float(2 + e.env - 6), 2 + e.env - 6) for e in eps)
+    r, length = eps[0]   # still a (return, length) pair, and it pickles with its env (actor processes send it)
+    import pickle
+
+    back = pickle.loads(pickle.dumps(eps[0]))
+    assert back == eps[0] and back.env == eps[0].env

@@ -305,6 +305,35 @@ def test_discrete_acting_samples_the_policy_distribution():
     np.testing.assert_array_equal(a, stored)
 
 
+@pytest.mark.parametrize("env_id,kw,numpy", [("CartPole-v1", {}, True), ("Pendulum-v1", {"normalize_obs": True}, True),
+                                              ("CartPole-v1", {"activation": "relu"}, True),
+                                              ("CartPole-v1", {"activation": "elu"}, False)])
+def test_the_acting_forward_in_numpy_is_the_networks(env_id, kw, numpy):
+    """The actors' forward (NumPy on views of the parameters) gives the network's outputs, after loads in place
+    and once pickled (an actor process's copy); a layer it does not know keeps torch's forward."""
+    import pickle
+
+    from hetrl.algos.onpolicy import NumpyForward
+
+    e = gym.make(env_id)
+    algo = make_algorithm(make_config("ppo", env_id, kw), e.observation_space, e.action_space)
+    if kw.get("normalize_obs"):
+        algo.policy.norm.update(torch.randn(100, 3) * 3 + 1)
+    pol = algo.make_policy(seed=0)
+    obs = np.random.default_rng(0).standard_normal((16, *e.observation_space.shape)).astype(np.float32) * 3
+
+    def torch_out(p):
+        with torch.no_grad():
+            return p.net(torch.from_numpy(obs)).numpy()
+
+    np.testing.assert_allclose(pol._out(obs), torch_out(pol), rtol=1e-5, atol=1e-6)
+    assert isinstance(pol._np, NumpyForward) is numpy
+    pol.load({k: v + 0.1 for k, v in algo.policy_state().items()})   # a new policy, loaded in place
+    np.testing.assert_allclose(pol._out(obs), torch_out(pol), rtol=1e-5, atol=1e-5)
+    again = pickle.loads(pickle.dumps(pol))
+    np.testing.assert_allclose(again._out(obs), torch_out(pol), rtol=1e-5, atol=1e-5)
+
+
 def test_image_observations_are_refused_in_one_line():
     from hetrl.registry import get
     with pytest.raises(UsageError, match="images") as e:

@@ -87,9 +87,15 @@ def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
         if ray.is_initialized():
             ray.shutdown()
         ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    envs_seen = set()
+
+    class Episodes:   # the episodes of each phase, each saying its env (actor a's env j: 2a + j)
+        def phase(self, run, eps):
+            envs_seen.update(e.env for e in eps)
+
     try:
         run = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, out=tmp_path / "r",
-                          **{**TINY, **({"ray_actor_cpus": 0.5} if schedule == "ray" else {})})
+                          callback=Episodes(), **{**TINY, **({"ray_actor_cpus": 0.5} if schedule == "ray" else {})})
     finally:
         if schedule == "ray":
             ray.shutdown()
@@ -97,7 +103,8 @@ def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
     assert r["schedule"] == schedule and r["actors"] == 2 and r["envs_per_actor"] == 2
     assert r["env_steps"] == 256 and r["gradient_steps"] == 4 * 2 * 2 and r["policy_lag_max"] == 0
     assert r["reproducible"] is True
-    if schedule == "local":   # the same seed, the same run (rollouts in lockstep, laid out in actor order)
+    if schedule == "local":   # every env's episodes say their env; the same seed, the same run (lockstep rollouts)
+        assert envs_seen == {0, 1, 2, 3}
         again = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, **TINY)
         assert torch.equal(params(run), params(again))
     # the checkpoint resumes inline

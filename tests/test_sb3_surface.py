@@ -92,6 +92,24 @@ def test_monitor_files_get_the_training_episodes(tmp_path):
     assert [f.name for f in files] == ["0.monitor.csv", "1.monitor.csv"]   # one per env, as SB3 names them
     counts = [len(monitor_rows(f)) for f in files]
     assert sum(counts) == m._episode_num and min(counts) >= 1
+    # each file holds its env's episodes: their lengths add up to at most that env's steps
+    assert all(sum(int(r[1]) for r in monitor_rows(f)) <= m.num_timesteps // 2 for f in files)
+
+
+def test_each_monitor_file_gets_its_envs_episodes(tmp_path):
+    import gymnasium as gym
+    from stable_baselines3.common.monitor import Monitor
+
+    from hetrl.actors import Episode
+    from hetrl.sb3.envs import MonitorFiles
+
+    monitors = [Monitor(gym.make("CartPole-v1"), str(tmp_path / f"{i}")) for i in range(3)]
+    files = MonitorFiles(monitors)
+    files.write([Episode(10.0, 10, env=2), Episode(11.0, 11, env=0), Episode(12.0, 12, env=2)])
+    files.write([Episode(13.0, 13, env=1)])
+    rows = [[(float(r), int(n)) for r, n, _ in monitor_rows(tmp_path / f"{i}.monitor.csv")] for i in range(3)]
+    assert rows == [[(11.0, 11)], [(13.0, 13)], [(10.0, 10), (12.0, 12)]]
+    assert monitors[2].get_episode_lengths() == [10, 12]
 
 
 LOSS_KEYS = {

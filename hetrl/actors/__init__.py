@@ -5,7 +5,7 @@ without the acting loop's imports (torch)."""
 
 import importlib
 
-_WHERE = {"Actor": "actor", "ActorSpec": "actor", "ExploreTable": "actor", "EnvSpec": "envs", "env_name": "envs",
+_WHERE = {"Actor": "actor", "ActorSpec": "actor", "Episode": "actor", "ExploreTable": "actor", "EnvSpec": "envs", "env_name": "envs",
           "make_env": "envs", "make_vector_env": "envs", "probe_spaces": "envs"}
 
 __all__ = list(_WHERE)

@@ -35,6 +35,23 @@ class ActingPolicy(Protocol):
         """Reset per-env exploration state (e.g. OU noise) where `done`."""
 
 
+class Episode(tuple):
+    """A finished training episode: the pair (return, length), and `env`, the index of the env it ran in among all
+    envs of the run (actor a's env j: a x envs_per_actor + j; None where not known). A pair, so that code that
+    reads (return, length) reads it as before; picklable (it travels from actor processes and Ray actors)."""
+
+    def __new__(cls, ret: float, length: int, env: int | None = None):
+        ep = super().__new__(cls, (ret, length))
+        ep.env = env
+        return ep
+
+    def __reduce__(self):
+        return Episode, (self[0], self[1], self.env)
+
+    def __repr__(self) -> str:
+        return f"Episode(return={self[0]}, length={self[1]}, env={self.env})"
+
+
 @dataclass
 class ActorSpec:
     """Everything an actor needs, picklable (sent to actor processes and Ray actors as it is)."""
@@ -46,9 +63,11 @@ class ActorSpec:
     n_step: int = 1
     gamma: float = 0.99
     backend: str = "gymnasium"
+    env_offset: int = 0           # the run-wide index of its first env (its episodes say their env by it)
 
     def build(self) -> "Actor":
-        return Actor(self.env, self.envs, self.env_seed, self.policy, self.n_step, self.gamma, self.backend)
+        return Actor(self.env, self.envs, self.env_seed, self.policy, self.n_step, self.gamma, self.backend,
+                     env_offset=self.env_offset)
 
 
 class ExploreTable:
@@ -68,13 +87,14 @@ class Actor:
     """`num_envs` envs stepped as one vector by `policy`. With `groups` > 1 the envs are that many equal groups
     (a population's members, side by side: group g is envs g*n .. g*n+n-1): a run's last, partial vector step
     keeps the same first envs of every group, each batch row says its env (`env`), and each finished episode its
-    env (`episode_envs`); `seeds` gives every env its own reset seed (default seed, seed + 1, ...)."""
+    env (`episode_envs`); `seeds` gives every env its own reset seed (default seed, seed + 1, ...). Every finished
+    episode is an :class:`Episode` that says its env, counted from `env_offset` (the actor's first env in the run)."""
 
     def __init__(self, env: EnvSpec, num_envs: int, seed: int, policy: ActingPolicy,
                  n_step: int = 1, gamma: float = 0.99, backend: str = "gymnasium", groups: int = 1,
-                 seeds: list[int] | None = None):
+                 seeds: list[int] | None = None, env_offset: int = 0):
         self.venv = make_vector_env(env, num_envs, seed, backend)
-        self.num_envs = num_envs
+        self.num_envs, self.env_offset = num_envs, int(env_offset)
         self.groups, self.group_envs = groups, num_envs // groups
         # episodes to log: the env's own statistics of whole games where it keeps them (Atari trains on
         # lives with clipped rewards), else the returns this actor sums
@@ -86,7 +106,7 @@ class Actor:
         self.params_version = -1
         self._ep_return = np.zeros(num_envs)
         self._ep_len = np.zeros(num_envs, dtype=np.int64)
-        self.episodes: list[tuple[float, int]] = []   # finished (return, length), drained by the caller
+        self.episodes: list[Episode] = []              # finished (return, length; env), drained by the caller
         self.episode_envs: list[int] = []              # the env of each of them (groups > 1 only)
 
     def load(self, state: dict, version: int) -> None:
@@ -141,7 +161,8 @@ class Actor:
                     self._log_games(info)
                 for i in np.flatnonzero(done):
                     if not self.games:
-                        self.episodes.append((float(self._ep_return[i]), int(self._ep_len[i])))
+                        self.episodes.append(Episode(float(self._ep_return[i]), int(self._ep_len[i]),
+                                                     self.env_offset + int(i)))
                         if G > 1:
                             self.episode_envs.append(int(i))
                 self._ep_return[done] = 0.0
@@ -163,7 +184,8 @@ class Actor:
         if "episode" not in final:
             return
         for i in np.flatnonzero(final["_episode"]):
-            self.episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
+            self.episodes.append(Episode(float(final["episode"]["r"][i]), int(final["episode"]["l"][i]),
+                                         self.env_offset + int(i)))
             if self.groups > 1:
                 self.episode_envs.append(int(i))
 
@@ -197,7 +219,7 @@ class Actor:
         # before the next step, as the saved run's actor would have loaded the policy published at the boundary
         self.adder, self.policy, self.params_version = adder, policy, -1
 
-    def drain_episodes(self) -> list[tuple[float, int]]:
+    def drain_episodes(self) -> list[Episode]:
         eps, self.episodes = self.episodes, []
         self.episode_envs = []
         return eps

@@ -300,7 +300,8 @@ class LearnerCore:
         restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
-        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend)
+        return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend,
+                         env_offset=index * envs)
 
     # ---- acting side ----------------------------------------------------------------------------
     def exploration(self, base: int, n: int, envs: int) -> list:

@@ -112,11 +112,13 @@ class MonitorFiles:
     `VecMonitor(venv, filename)`), written with the training episodes as SB3's Monitor writes them: one row
     (r, l, t) per episode through the Monitor's own results writer, t in seconds since the Monitor started.
 
-    hetrl steps copies of the env, not the user's objects, and its actors report a phase's episodes without
-    the env each came from: with several envs, the rows go to the envs' files in turn as the episodes finished
-    (every file gets its share; `load_results` reads them all, sorted by t)."""
+    hetrl steps copies of the env, not the user's objects; each finished episode says the env it ran in (its
+    `env`, hetrl/actors/actor.py), and its row goes to that env's Monitor, as in SB3 (one file per env, each with
+    its env's episodes; a single VecMonitor gets them all). An episode that does not say its env (a population's)
+    goes to the files in turn."""
 
     def __init__(self, monitors: list):
+        self.per_env = list(monitors)                      # env i's Monitor (None: that env has none)
         self.monitors = [m for m in monitors if m is not None]
         self._next = 0
 
@@ -126,9 +128,16 @@ class MonitorFiles:
     def write(self, episodes: list) -> None:
         import time
 
-        for r, n in episodes:
-            m = self.monitors[self._next % len(self.monitors)]
-            self._next += 1
+        for ep in episodes:
+            r, n = ep
+            env = getattr(ep, "env", None)
+            if env is None:
+                m = self.monitors[self._next % len(self.monitors)]
+                self._next += 1
+            else:
+                m = self.per_env[env % len(self.per_env)]
+                if m is None:
+                    continue
             t = time.time() - m.t_start
             m.results_writer.write_row({"r": round(float(r), 6), "l": int(n), "t": round(t, 6)})
             if hasattr(m, "episode_returns"):   # a Monitor's own record (get_episode_rewards(), ...)
