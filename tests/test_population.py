@@ -1,4 +1,4 @@
-"""Populations (hetrl/population.py, hetrl/runtime/population.py): member i is the run of seed i, a population
+"""Populations (hetrl/runtime/population.py, driven by api.Run): member i is the run of seed i, a population
 of one is a plain run, every member is a complete run, the population reports its statistics, bad input is one
 line."""
 
@@ -99,7 +99,7 @@ def test_bad_population_input_is_one_line(capsys, tmp_path, argv, message):
 
 
 def test_members_differ_only_in_what_a_sweep_may_change():
-    from hetrl.population import fixed_settings
+    from hetrl.runtime.population import fixed_settings
 
     fixed = fixed_settings("td3")
     assert {"net_arch", "policy_delay", "train_freq", "schedule", "seed"} <= fixed and "lr" not in fixed
@@ -196,12 +196,13 @@ def test_a_signal_saves_every_member_and_each_resumes(tmp_path):
     import signal
     import threading
 
-    from hetrl.population import PopulationRun, make_members
+    from hetrl.api import Run
+    from hetrl.runtime.population import PopulationSchedule, make_members
 
     settings = {k: v for k, v in TINY.items() if k not in ("plan", "progress")}
     members = make_members("dqn", "CartPole-v1", {**settings, "steps": 10**6, "learner_kernel": "public"}, [0, 1], {})
     out = tmp_path / "pop"
-    run = PopulationRun(members, "CartPole-v1", out)
+    run = Run(members[0].cfg, "CartPole-v1", out, schedule=PopulationSchedule(members, "CartPole-v1"))
     timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
