@@ -161,7 +161,6 @@ def live_state(module: nn.Module) -> FlatState:
     return state.same()
 
 
-@torch.no_grad()
 class StackedNets:
     """The forward of networks of one type over their weights stacked (torch.func: the network's own forward,
     vmapped over them): `self(x)`, x of shape (M, N, ...), gives network m's output on rows x[m]."""
@@ -199,6 +198,7 @@ class StackedNets:
         return self.call(self.params, self.buffers, x)
 
 
+@torch.no_grad()
 def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """module.load_state_dict(state), for the many loads of an actor's policy: the state of a twin module
     (same names and shapes) is copied without load_state_dict's walk over every submodule, in one copy where
