@@ -524,6 +524,7 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
                              "drop --seed (seed=)")
         seeds, sweep = parse_seeds(1 if seeds is None else seeds), parse_sweep(sweep)
         members, seed = len(seeds) * int(np.prod([len(v) for v in sweep.values()])), seeds[0]
+        out = True if out is None else out   # every member is a complete run: saved (runs/ALGO-ENV-popN)
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
                                      progress, hyperparams, members or 0, **settings)
     if members:
