@@ -76,6 +76,32 @@ class ActingPolicy(Protocol):
         """Reset per-env exploration state (e.g. Ornstein-Uhlenbeck noise) where `done`."""
 
 
+class MemberPolicies:
+    """Acting policies side by side (Algorithm.stacked_policy's default): policy m acts for envs m*n .. m*n+n-1
+    with explore[m], its own RNG and its own network."""
+
+    def __init__(self, policies: list[ActingPolicy], envs: int):
+        self.policies, self.n = policies, envs
+
+    def rows(self):
+        return ((m, p, slice(m * self.n, (m + 1) * self.n)) for m, p in enumerate(self.policies))
+
+    def act(self, obs: np.ndarray, explore: list) -> tuple[np.ndarray, np.ndarray]:
+        acts = [p.act(obs[s], explore[m]) for m, p, s in self.rows()]
+        return np.concatenate([a[0] for a in acts]), np.concatenate([a[1] for a in acts])
+
+    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
+        return np.concatenate([p.act_deterministic(obs[s]) for _, p, s in self.rows()])
+
+    def load_member(self, m: int, state: dict) -> None:
+        self.policies[m].load(state)
+
+    def episode_end(self, done: np.ndarray) -> None:
+        for _, p, s in self.rows():
+            if done[s].any():
+                p.episode_end(done[s])
+
+
 def is_image(space: gym.Space) -> bool:
     """Pixel observations: a 3-D uint8 Box (channels first, e.g. 4 stacked 84x84 frames, or last)."""
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
@@ -191,6 +217,13 @@ class Algorithm:
     def make_policy(self, seed: int, device: str = "cpu", num_envs: int | None = None) -> ActingPolicy:
         """A new acting policy (its own RNG from `seed`) on a copy of the current policy network."""
         raise NotImplementedError(f"{type(self).__name__} must implement make_policy")
+
+    def stacked_policy(self, policies: list[ActingPolicy], envs: int) -> ActingPolicy:
+        """One acting policy for a population's members side by side: member m's `policies[m]` acts for envs
+        m*envs .. m*envs+envs-1, and `act(obs, explore)` takes a list of explore values, one per member. By
+        default each member's own policy on its rows (any algorithm); an algorithm may answer with a policy over
+        its members' stacked weights (DQN: one Q call for every member), which acts as its members would."""
+        return MemberPolicies(policies, envs)
 
     def policy_state(self) -> dict:
         """The parameters actors need (a state_dict of the policy network), published to them."""

@@ -12,9 +12,7 @@ against the algorithm, plans the system (plan="auto": the planner sets config.SY
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,9 @@ from hetrl.config import Config, make_config, migrate, read_config_file
 from hetrl.errors import UsageError
 from hetrl.evaluate import REPORT_SEED, Evaluations, evaluate
 from hetrl.logger import Logger
+from hetrl.runtime.launch import run_groups, stop_signals
+from hetrl.runtime.population import (PopulationSchedule, is_population, make_members, parse_seeds, parse_sweep,
+                                      read_population, write_members, write_population)
 
 
 def _is_one(space: gym.Space, obs: Any) -> bool:
@@ -108,7 +109,9 @@ class Policy:
 
 
 class Run:
-    """A training run: its config, the schedule that holds every part, its evaluations and figures.
+    """A training run: its config, the schedule that holds every part, its evaluations and figures. Over a
+    population's schedule (hetrl/runtime/population.py) it is the population's run: `runs` are its members' runs
+    (each a complete run in OUT/members/NAME), evaluated and saved with it, and it writes the population's files.
 
     `learn()` drives the schedule's phases until the run has its env steps, evaluates on the way (the best
     policy is kept: hetrl/evaluate.py), calls the user's callback at phase boundaries, and saves a checkpoint
@@ -117,12 +120,18 @@ class Run:
     `with Run(...)` block."""
 
     def __init__(self, cfg: Config, env: EnvSpec, out: Path | None = None, save_replay: bool = False,
-                 plan_info: dict | None = None, schedule=None):
+                 plan_info: dict | None = None, schedule=None, group: int | None = None):
         from hetrl.runtime import make_schedule
 
         self.cfg, self.env, self.out, self.save_replay = cfg, env, out, save_replay
-        # `schedule`: one made elsewhere (a population's member); else the one cfg.system.schedule names
+        # `schedule`: one made elsewhere (a population's, a member's); else the one cfg.system.schedule names
         self.schedule = schedule if schedule is not None else make_schedule(cfg, env)
+        self.members = getattr(self.schedule, "members", [])   # a population's (runtime/population.Member)
+        self.runs = [Run(m.cfg, env, out / "members" / m.name if out is not None else None, save_replay, schedule=v)
+                     for m, v in zip(self.members, self.schedule.views)] if self.members else [self]
+        # group g of a population trained in groups writes its members and its progress (OUT/groups/g) only
+        self.group = group
+        self._finished = False
         self.schedule.keep_actors_state = save_replay   # a finished run's actors go into replay.pt too
         self.result: dict[str, Any] = {}
         self.interrupted: str | bool = False   # False, or what stopped it: "SIGINT", "SIGTERM", "callback"
@@ -131,7 +140,7 @@ class Run:
         self._replay_saved = False
         from hetrl.planner.follow import follower   # the plan held against the measured rate (docs/planner.md)
 
-        self.follow = follower(self.schedule, cfg, self.plan_info)
+        self.follow = follower(self.schedule, cfg, None if self.members else self.plan_info)
 
     def _eval_interval(self) -> int:
         return self.cfg.eval_interval or max(1, self.cfg.steps // 10)
@@ -213,28 +222,37 @@ class Run:
         self.schedule.extended()
 
     # ---- training ----------------------------------------------------------------------
-    def learn(self, progress: bool = True, callback=None, keep_open: bool = False) -> "Run":
+    def learn(self, progress: bool = True, callback=None, keep_open: bool = False, stopped=None) -> "Run":
         """Train to cfg.steps. `callback`: an object with any of `training_start(run)`, `phase(run, episodes)`
         (returns False to stop the run) and `training_end(run)`, called in this process at phase boundaries.
-        Ctrl-C or SIGTERM stops at the end of the current phase and saves."""
-        s, core = self.schedule, self.schedule.core
-        logger = Logger(self.out, self.cfg.steps, self.cfg.system.log_interval, progress, start_step=s.c.env_steps)
-        self.evaluations.start(s.c.env_steps)
+        Ctrl-C or SIGTERM stops at the end of the current phase and saves; so does `stopped(env_steps)` turning
+        true before a phase (a population group's driver asking)."""
+        s = self.schedule
+        if self.members and self.group is None and self.out is not None:   # what --resume needs, before training
+            write_members(self.out, self.members, s.spec)
+        log_dir = self.out / "groups" / str(self.group) if self.group is not None else self.out
+        logger = Logger(log_dir, self.cfg.steps, self.cfg.system.log_interval, progress, start_step=s.c.env_steps)
+        for r in self.runs:
+            r.evaluations.start(s.c.env_steps)
         self.interrupted = False
-        core.start_clock()
+        s.start_clock()
         try:
             with stop_signals() as stop:
                 _hook(callback, "training_start", self)
                 while not s.done() and not stop:
+                    if stopped is not None and stopped(s.c.env_steps):
+                        stop.signal = "stopped by the population's driver"
+                        break
                     eps = s.phase()
-                    core.tick()
+                    s.tick()
                     self.follow.phase()
                     # (a phased schedule has every env step in a phase before it is done: the last evaluation is
                     # the finished run's)
                     done = s.done()
-                    if self.evaluations.due(s.c.env_steps, done) and (done or s.c.env_steps < self.cfg.steps):
-                        with core.clock_paused():
-                            self.evaluate_now(logger)
+                    for r in self.runs:
+                        if r.evaluations.due(s.c.env_steps, done) and (done or s.c.env_steps < self.cfg.steps):
+                            with s.clock_paused():
+                                r.evaluate_now(logger if r is self else None)
                     logger.episodes(eps)
                     if logger.due(s.c.env_steps):
                         f = s.figures()
@@ -246,6 +264,7 @@ class Run:
             self.interrupted = stop.signal or self.interrupted
             _hook(callback, "training_end", self)
             self.follow.finish(str(self.out or ""))
+            self._finished = True
             self.result = self._result()
             self._calibrate()
             if self.out is not None:
@@ -285,7 +304,7 @@ class Run:
         plan = self.plan_info.get("plan") or {}
         path = (plan.get("profile") or {}).get("path")
         c = self.schedule.c
-        if not path or not c.phases or self.interrupted:
+        if not path or not c.phases or self.interrupted or self.members:
             return
         from hetrl.planner.profile import calibrate
 
@@ -302,6 +321,8 @@ class Run:
     def evaluate(self, episodes: int | None = None, video_dir: str | None = None) -> dict:
         """Evaluate the run's policy (the best one when keep_best) on fresh seeds; also the latest
         policy, as final_eval_return_mean, when they differ."""
+        if self.members:   # every member's, as its own run evaluates
+            return [r.evaluate(episodes) for r in self.runs]
         n = episodes or self.cfg.eval_episodes or 10
         ev = self.policy.evaluate(n, video_dir=video_dir)
         self.result.update(ev)
@@ -312,6 +333,8 @@ class Run:
         return ev
 
     def _result(self) -> dict:
+        if self.members:
+            return {**self.schedule.figures(), "interrupted": self.interrupted, **self.plan_info}
         best = self.best
         return {"algo": self.cfg.algo, "env": env_name(self.env), "seed": self.cfg.seed,
                 "schedule": self.cfg.system.schedule, **self.schedule.figures(),
@@ -326,7 +349,17 @@ class Run:
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path, replay: bool | None = None) -> Path:
-        """checkpoint.pt (+ replay.pt) and result.json in `path` (hetrl/checkpoint.py)."""
+        """checkpoint.pt (+ replay.pt) and result.json in `path` (hetrl/checkpoint.py); a population's: every
+        member's run directory, then OUT/result.json with the report and OUT/curves.png."""
+        if self.members:
+            for r in self.runs:
+                r.save(r.out, replay)
+            if self._finished:   # the replays are saved: let them go before the report loads its libraries
+                self.schedule.drop_replays()
+            if self.group is None:
+                self.result = write_population(Path(path), self.members, self.schedule.spec, self.schedule.figures(),
+                                               {"interrupted": self.interrupted, **self.plan_info})
+            return Path(path)
         replay = (self.save_replay and not self._replay_saved) if replay is None else replay
         state = self.state_dict(with_replay=False)
         evals = self.evaluations.state_dict()
@@ -346,39 +379,6 @@ def _hook(callback, name: str, *args):
 
 def _evals(result: dict) -> dict:
     return {k: v for k, v in result.items() if k.startswith(("eval_", "final_eval_"))}
-
-
-class _Stop:
-    """Set by the first SIGINT or SIGTERM; `signal` names it."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.signal is not None
-
-
-@contextlib.contextmanager
-def stop_signals():
-    """Ctrl-C (SIGINT) and SIGTERM (`timeout`, a cluster scheduler) ask the run to stop at the end of
-    the current phase, with a checkpoint; a second one stops at once (KeyboardInterrupt). Under every
-    schedule: actors ignore both and leave the stop to the learner. Off the main thread, no handler."""
-    stop = _Stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def on_signal(signum, frame):
-        if stop:
-            raise KeyboardInterrupt
-        stop.signal = signal.Signals(signum).name
-
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughput",
@@ -448,35 +448,41 @@ def auto_plan(cfg: Config, settings: dict[str, Any], objective: str = "throughpu
                  "predicted_train_samples_per_s": result.predicted_train_samples_per_s}
 
 
-def _overrides(config: str | Path | dict | None, settings: dict[str, Any]) -> dict[str, Any]:
+def _overrides(config: str | Path | dict | None, settings: dict[str, Any], hyperparams=None, algo: str = "",
+               env: EnvSpec = "") -> dict[str, Any]:
+    """The user's settings: `settings` over `config` (a file or a dict) over an rl-baselines3-zoo file's entry
+    (`hyperparams`, hetrl/sb3/zoo.py), old keys migrated."""
     base = read_config_file(config) if isinstance(config, (str, Path)) else dict(config or {})
-    return migrate({**base, **{k: v for k, v in settings.items() if v is not None}})
+    over = migrate({**base, **{k: v for k, v in settings.items() if v is not None}})
+    if hyperparams is not None:
+        from hetrl.sb3 import zoo
+
+        over = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env), **over}
+    return over
 
 
-def default_out(cfg: Config) -> Path:
-    """Where `hetrl train` saves a run it is not told where to: runs/ALGO-ENV-sSEED."""
-    return Path(f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-s{cfg.seed}")
+def default_out(cfg: Config, members: int = 0) -> Path:
+    """Where `hetrl train` saves a run it is not told where to: runs/ALGO-ENV-sSEED (a population: -popN)."""
+    return Path(f"runs/{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-"
+                + (f"pop{members}" if members else f"s{cfg.seed}"))
 
 
 def prepare(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, seed: int | None = None,
             out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
             plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, progress: bool = True,
-            hyperparams: str | Path | None = None, **settings: Any) -> tuple[Config, Path | None, dict[str, Any]]:
+            hyperparams: str | Path | None = None, members: int = 0, **settings: Any
+            ) -> tuple[Config, Path | None, dict[str, Any]]:
     """What `train` does before it trains: the checked config, the run directory (checked writable) and the
     plan: (cfg with the plan's system settings, out, the plan's figures for result.json). `hyperparams`: an
-    rl-baselines3-zoo file (hetrl/sb3/zoo.py), under `config` and `settings`."""
+    rl-baselines3-zoo file (hetrl/sb3/zoo.py), under `config` and `settings`; `members`: a population's count."""
     if plan not in ("auto", "none"):
         raise UsageError(f"plan={plan!r} is not supported; use 'auto' or 'none'")
-    over = _overrides(config, {"steps": steps, "seed": seed, **settings})
-    if hyperparams is not None:
-        from hetrl.sb3 import zoo
-
-        over = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env), **over}
+    over = _overrides(config, {"steps": steps, "seed": seed, **settings}, hyperparams, algo, env)
     cfg = make_config(algo, env_name(env) if not isinstance(env, str) else env, over)
     from hetrl import registry
 
     registry.get(cfg.algo).check_spaces(*probe_spaces(prepare_env(env, cfg)))   # one clear line, before planning
-    out_path = default_out(cfg) if out is True else Path(out) if out not in (None, False) else None
+    out_path = default_out(cfg, members) if out is True else Path(out) if out not in (None, False) else None
     if out_path is not None:  # before any profiling or training
         check_out_dir(out_path, force)
     planned: dict[str, Any] = {}
@@ -489,7 +495,8 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
           out: str | Path | bool | None = None, force: bool = False, config: str | Path | dict | None = None,
           save_replay: bool = False, progress: bool = True, evaluate_episodes: int | None = None,
           plan: str = "auto", objective: str = "throughput", allow_more_envs: bool = False, callback=None,
-          seeds: Any = None, sweep: Any = None, hyperparams: str | Path | None = None, **settings: Any) -> Run:
+          seeds: Any = None, sweep: Any = None, hyperparams: str | Path | None = None, lanes: int = 0,
+          **settings: Any) -> Run:
     """Train `algo` (a registered algorithm's name: `hetrl algorithms`) on `env` (an id, 'module:EnvId', or a
     zero-argument env factory).
 
@@ -505,37 +512,113 @@ def train(algo: str, env: EnvSpec = "CartPole-v1", steps: int | None = None, see
     evaluated over `eval_episodes` episodes (0 to skip) and saved to `out` if given.
 
     `seeds` (a count or a list) and/or `sweep` ({setting: [values]}) train a population, one member per seed x
-    swept value, as one run (hetrl/population.py): the result is a PopulationRun saved in `out`
-    (default runs/ALGO-ENV-popN), its report (IQM and intervals) in out/result.json.
+    swept value, as one run (docs/population.md): the Run's `runs` are the members' (`lanes`: member phases
+    learned at once), saved in `out` (default runs/ALGO-ENV-popN), its report (IQM and intervals) in
+    out/result.json. Under the local and ray schedules the members are trained in groups, a process or a Ray
+    task each (hetrl/planner/population.py).
     """
+    members = None
     if seeds is not None or sweep:
-        from hetrl import population
-
-        if seed is not None:
+        if seed is not None or settings.get("seed") is not None:
             raise UsageError("seed and seeds both given: a population takes its seeds from --seeds (seeds=); "
                              "drop --seed (seed=)")
-        if hyperparams is not None:   # the file's settings, under the keywords'
-            from hetrl.sb3 import zoo
-
-            settings = {**zoo.settings(hyperparams, algo.lower(), env_name(env) if not isinstance(env, str) else env),
-                        **settings}
-        return population.train(algo, env, seeds if seeds is not None else 1, sweep, steps, out, force, config,
-                                save_replay, progress, evaluate_episodes, plan, objective, allow_more_envs,
-                                callback, **settings)
+        seeds, sweep = parse_seeds(1 if seeds is None else seeds), parse_sweep(sweep)
+        members, seed = len(seeds) * int(np.prod([len(v) for v in sweep.values()])), seeds[0]
+        out = True if out is None else out   # every member is a complete run: saved (runs/ALGO-ENV-popN)
     cfg, out_path, planned = prepare(algo, env, steps, seed, out, force, config, plan, objective, allow_more_envs,
-                                     progress, hyperparams, **settings)
-    if progress:
+                                     progress, hyperparams, members or 0, **settings)
+    if members:
+        from hetrl.config import SYSTEM_KEYS
+        from hetrl.planner.population import kernel_of, plan_population
+
+        over = _overrides(config, {"steps": steps, **settings}, hyperparams, algo, env)
+        pop = make_members(cfg.algo, cfg.env, {**over, **{k: cfg.get(k) for k in SYSTEM_KEYS}}, seeds, sweep)
+        pinned = settings.get("schedule") or (None if plan == "auto" else cfg.system.schedule)
+        pp = plan_population(len(pop), _cores(), *kernel_of(pop[0].cfg, env), schedule=pinned,
+                             device=cfg.system.device)
+        pp.lanes = int(lanes) or pp.lanes
+        spec = {"seeds": seeds, "sweep": {k: [str(v) for v in vs] for k, vs in sweep.items()},
+                "groups": [[pop[i].name for i in g] for g in pp.groups], "plan": pp.to_json()}
+        planned = {**planned, "population_plan": pp.to_json()}
+        if progress:
+            print(f"hetrl: training a population of {len(pop)} {cfg.algo} agents on {cfg.env} for {cfg.steps:,} env "
+                  f"steps each: {pp.describe()} -> {out_path}", file=sys.stderr)
+        if pp.schedule != "inline":
+            return _train_groups(pop, env, out_path, pp, spec, planned, save_replay, evaluate_episodes)
+        for m in pop:
+            m.cfg.system.schedule = "inline"
+        cfg, schedule = pop[0].cfg, PopulationSchedule(pop, env, pp.lanes, spec)
+    elif progress:
         print(f"hetrl: training {cfg.algo} on {cfg.env} for {cfg.steps:,} env steps (schedule {cfg.system.schedule}, "
               f"device {cfg.system.device}, {cfg.num_envs} envs)" + (f" -> {out_path}" if out_path else ""),
               file=sys.stderr)
-    run = Run(cfg, env, out_path, save_replay, plan_info=planned)
-    run.learn(progress=progress, callback=callback)
-    n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
+    run = Run(cfg, env, out_path, save_replay, plan_info=planned, schedule=schedule if members else None)
+    return _finish(run, progress, callback, evaluate_episodes)
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def _finish(run: Run, progress: bool, callback, evaluate_episodes: int | None, stopped=None) -> Run:
+    """Train `run`, then evaluate it (every member of a population) and save it where it has a directory."""
+    run.learn(progress=progress, callback=callback, stopped=stopped)
+    n = run.cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
     if n and run.interrupted in (False, "callback"):
         run.evaluate(n)
-        if out_path is not None:
-            run.save(out_path)
+        if run.out is not None:
+            run.save(run.out)
     return run
+
+
+class GroupedRun:
+    """A population trained in groups (local processes, Ray tasks): its members' directories and figures."""
+
+    def __init__(self, members: list, out: Path, result: dict, interrupted):
+        self.members, self.out, self.result, self.interrupted = members, out, result, interrupted
+
+
+def _group_main(group: int, members: list, env, out: str, lanes: int, save_replay: bool,
+                evaluate_episodes: int | None, ship: bool, stopped=None) -> dict:
+    """Group `group` of a population, in its own process or Ray task: its members trained as a population of one
+    process, saved in OUT/members/NAME, its progress in OUT/groups/GROUP; returns its figures and (`ship`: a Ray
+    task on another node) its files."""
+    for m in members:
+        m.cfg.system.schedule = "inline"
+    run = Run(members[0].cfg, env, Path(out), save_replay, schedule=PopulationSchedule(members, env, lanes),
+              group=group)
+    _finish(run, False, None, evaluate_episodes, stopped)
+    files = {}
+    if ship:
+        for d in [Path(out) / "members" / m.name for m in members] + [Path(out) / "groups" / str(group)]:
+            files.update({str(p.relative_to(out)): p.read_bytes() for p in d.rglob("*") if p.is_file()})
+    return {"figures": run.schedule.figures(), "files": files, "interrupted": run.interrupted}
+
+
+def _train_groups(members: list, env, out: Path, pp, spec: dict, planned: dict, save_replay: bool,
+                  evaluate_episodes: int | None) -> GroupedRun:
+    """The groups of `pp` as processes (local) or Ray tasks (ray), each a population of its members."""
+    import resource
+    import time
+
+    t0 = time.perf_counter()
+    write_members(out, members, spec)
+    jobs = [(n, [members[i] for i in g], env, str(out), pp.lanes, save_replay, evaluate_episodes, pp.schedule == "ray")
+            for n, g in enumerate(pp.groups)]
+    results = run_groups(_group_main, jobs, pp.schedule, members[0].cfg, pp.lanes, out)
+    wall, steps = time.perf_counter() - t0, members[0].cfg.steps
+    figures = {"members": len(members), "env_steps": steps, "wall_s": wall,
+               "env_steps_per_s": len(members) * steps / wall if wall else 0.0, "groups": len(pp.groups),
+               "lanes": pp.lanes, "learner_kernel": results[0]["figures"].get("learner_kernel") if results else None}
+    if pp.schedule == "local":   # every process's peak: the groups' and this one's (their sum bounds the run's)
+        rss = [r["figures"].get("peak_rss_mb") or 0.0 for r in results]
+        figures.update(group_peak_rss_mb=rss,
+                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + sum(rss))
+    interrupted = next((r["interrupted"] for r in results if r["interrupted"]), False)
+    result = write_population(out, members, spec, figures, {"interrupted": interrupted, **planned})
+    return GroupedRun(members, out, result, interrupted)
 
 
 def _saved_config(ckpt: dict, **changes: Any) -> Config:
@@ -547,60 +630,57 @@ def _saved_config(ckpt: dict, **changes: Any) -> Config:
 
 def resume(run_dir: str | Path, steps: int | None = None, env: EnvSpec | None = None,
            progress: bool = True, evaluate_episodes: int | None = None, plan: str = "none",
-           objective: str = "throughput", callback=None, **system: Any) -> Run:
-    """Continue the run saved in `run_dir` (to `steps` total env steps if given), under any schedule.
+           objective: str = "throughput", callback=None, lanes: int = 0, **system: Any) -> Run:
+    """Continue the run saved in `run_dir` (to `steps` total env steps if given), under any schedule; a
+    population's directory: every member, together in this process (`lanes`: member phases learned at once).
 
     The algorithm's settings stay those saved; `system` may change where and how the run goes on
     (config.SYSTEM_KEYS: schedule, device, threads, actors, envs_per_actor, ray_address, ...), so a
     run started inline on a laptop can continue on a cluster. plan="auto" plans around them."""
     from hetrl.config import SYSTEM_KEYS
-    from hetrl.population import is_population
+    from hetrl.runtime.population import Member
 
-    if is_population(run_dir):   # every member of a population, continued together
-        from hetrl import population
-
-        return population.resume(run_dir, steps, env, progress, evaluate_episodes, **system)
-    ckpt = read_checkpoint(run_dir)
-    done = ckpt["counters"]["env_steps"]
-    if steps is not None and steps <= done:
-        raise UsageError(f"--steps {steps} is not beyond the {done} env steps already done; pass a larger total")
+    run_dir = Path(run_dir)
     system = {k: v for k, v in system.items() if v is not None}
     fixed = sorted(k for k in system if k not in SYSTEM_KEYS)
     if fixed:
         raise UsageError(f"--resume keeps the algorithm's settings saved in the run, so {', '.join(fixed)} cannot "
                          f"change; only the system's may ({', '.join(SYSTEM_KEYS)})")
-    cfg = _saved_config(ckpt, **system, **({"steps": steps} if steps is not None else {}))
+    data = read_population(run_dir)["population"] if is_population(run_dir) else None
+    dirs = [run_dir / m["dir"] for m in data["members"]] if data else [run_dir]
+    ckpts = [read_checkpoint(d) for d in dirs]
+    for d, ckpt in zip(dirs, ckpts):
+        done = ckpt["counters"]["env_steps"]
+        if steps is not None and steps <= done:
+            raise UsageError(f"--steps {steps} is not beyond the {done} env steps {d} has done; pass a larger total")
+    cfgs = [_saved_config(c, **system, **({"steps": steps} if steps is not None else {})) for c in ckpts]
     planned: dict[str, Any] = {}
-    if plan == "auto":
-        cfg, planned = auto_plan(cfg, system, objective, quiet=not progress)
-    replay = read_replay(run_dir)
-    run = Run(cfg, env or cfg.env, Path(run_dir), save_replay=replay is not None, plan_info=planned)
-    state = dict(ckpt)
-    if replay is not None:
-        state["replay"] = replay
+    if data:
+        for c in cfgs:
+            c.system.schedule = "inline"
+        members = [Member(m["name"], int(m["seed"]), m.get("settings") or {}, c) for m, c in zip(data["members"], cfgs)]
+        spec = {"seeds": data["seeds"], "sweep": data.get("sweep", {}), "groups": data.get("groups")}
+        schedule = PopulationSchedule(members, env or cfgs[0].env, lanes, spec)
+    elif plan == "auto":
+        cfgs[0], planned = auto_plan(cfgs[0], system, objective, quiet=not progress)
+    replays = [read_replay(d) for d in dirs]
+    run = Run(cfgs[0], env or cfgs[0].env, run_dir, save_replay=any(r is not None for r in replays),
+              plan_info=planned, schedule=schedule if data else None)
     try:
-        run.load_state_dict(state)
+        for r, ckpt, replay in zip(run.runs, ckpts, replays):
+            r.load_state_dict({**ckpt, **({"replay": replay} if replay is not None else {})})
+            r.evaluations.load_state_dict({"best": ckpt.get("best"), "history": ckpt.get("evaluations", [])})
     except BaseException:
         run.close()
         raise
-    run.evaluations.load_state_dict({"best": ckpt.get("best"), "history": ckpt.get("evaluations", [])})
-    run.learn(progress=progress, callback=callback)
-    n = cfg.eval_episodes if evaluate_episodes is None else evaluate_episodes
-    if n and run.interrupted in (False, "callback"):
-        run.evaluate(n)
-        run.save(run_dir)
-    return run
+    return _finish(run, progress, callback, evaluate_episodes)
 
 
 def load(run_dir: str | Path, env: EnvSpec | None = None) -> Policy:
     """The trained policy saved in `run_dir` (by `hetrl train --out` or Run.save); for a population's directory,
     {member name: Policy} of every member (a member's own directory, OUT/members/NAME, loads as a run)."""
-    from hetrl.population import is_population
-
     if is_population(run_dir):
-        from hetrl import population
-
-        return population.load(run_dir, env)
+        return {m["name"]: load(Path(run_dir) / m["dir"], env) for m in read_population(run_dir)["population"]["members"]}
     ckpt = read_checkpoint(run_dir)
     cfg = _saved_config(ckpt)
     env = env or cfg.env

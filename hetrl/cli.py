@@ -270,7 +270,7 @@ def cmd_eval(args) -> int:
     import numpy as np
 
     from hetrl import api
-    from hetrl.population import is_population
+    from hetrl.runtime.population import is_population
 
     if args.episodes <= 0:
         raise UsageError(f"--episodes must be positive, got {args.episodes}")

@@ -1,4 +1,4 @@
-"""Populations (hetrl/population.py, hetrl/runtime/population.py): member i is the run of seed i, a population
+"""Populations (hetrl/runtime/population.py, driven by api.Run): member i is the run of seed i, a population
 of one is a plain run, every member is a complete run, the population reports its statistics, bad input is one
 line."""
 
@@ -99,7 +99,7 @@ def test_bad_population_input_is_one_line(capsys, tmp_path, argv, message):
 
 
 def test_members_differ_only_in_what_a_sweep_may_change():
-    from hetrl.population import fixed_settings
+    from hetrl.runtime.population import fixed_settings
 
     fixed = fixed_settings("td3")
     assert {"net_arch", "policy_delay", "train_freq", "schedule", "seed"} <= fixed and "lr" not in fixed
@@ -196,12 +196,13 @@ def test_a_signal_saves_every_member_and_each_resumes(tmp_path):
     import signal
     import threading
 
-    from hetrl.population import PopulationRun, make_members
+    from hetrl.api import Run
+    from hetrl.runtime.population import PopulationSchedule, make_members
 
     settings = {k: v for k, v in TINY.items() if k not in ("plan", "progress")}
     members = make_members("dqn", "CartPole-v1", {**settings, "steps": 10**6, "learner_kernel": "public"}, [0, 1], {})
     out = tmp_path / "pop"
-    run = PopulationRun(members, "CartPole-v1", out)
+    run = Run(members[0].cfg, "CartPole-v1", out, schedule=PopulationSchedule(members, "CartPole-v1"))
     timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
@@ -237,3 +238,31 @@ def test_freed_heap_memory_is_given_back_to_the_system():
     held = rss_mb()
     give_back_freed_memory()
     assert held - rss_mb() > 16, "the holes' pages stayed in the process"
+
+
+@pytest.mark.parametrize("algo, env", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
+def test_members_act_through_the_algorithms_stacked_policy(algo, env):
+    """Acting for M members goes through Algorithm.stacked_policy: each member's rows get the actions its own
+    policy gives them (DQN's answer: one Q call over the stacked weights; SAC's: the default, member by member)."""
+    import gymnasium as gym
+    import numpy as np
+
+    from hetrl.algorithm import MemberPolicies
+    from hetrl.algos import make_algorithm
+    from hetrl.config import make_config
+
+    e = gym.make(env)
+    algos = [make_algorithm(make_config(algo, env, {"seed": s, "net_arch": [16]}), e.observation_space,
+                            e.action_space) for s in (0, 1, 2)]
+    obs = np.random.default_rng(0).standard_normal((6, *e.observation_space.shape)).astype(np.float32)
+    explore = [0.3, 0.0, None] if algo == "dqn" else [1.0, 1.0, None]
+    alone = [a.make_policy(seed=10 + m, num_envs=2) for m, a in enumerate(algos)]
+    stacked = algos[0].stacked_policy([a.make_policy(seed=10 + m, num_envs=2) for m, a in enumerate(algos)], 2)
+    assert isinstance(stacked, MemberPolicies) and (type(stacked) is not MemberPolicies) == (algo == "dqn")
+    for _ in range(3):
+        want = [p.act(obs[2 * m:2 * m + 2], explore[m]) for m, p in enumerate(alone)]
+        got = stacked.act(obs, explore)
+        np.testing.assert_allclose(got[0], np.concatenate([w[0] for w in want]), rtol=1e-6)
+    np.testing.assert_allclose(stacked.act_deterministic(obs),
+                               np.concatenate([p.act_deterministic(obs[2 * m:2 * m + 2]) for m, p in enumerate(alone)]),
+                               rtol=1e-6)

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetrl.algorithm import Algorithm, is_image
-from hetrl.algos.nets import FlatAdam, NatureCNN, flatten, live_state, load_weights, mlp, soft_update
+from hetrl.algorithm import Algorithm, MemberPolicies, is_image
+from hetrl.algos.nets import FlatAdam, NatureCNN, StackedNets, flatten, live_state, load_weights, mlp, soft_update
 from hetrl.config import Config
 from hetrl.errors import UsageError
 
@@ -93,7 +93,8 @@ class DQNPolicy:
         q = self.net(torch.as_tensor(obs, dtype=self.dtype, device=self.device))
         return q.argmax(-1).cpu().numpy()
 
-    def act(self, obs: np.ndarray, explore: float | None) -> tuple[np.ndarray, np.ndarray]:
+    def act(self, obs: np.ndarray, explore: float | None, greedy=None) -> tuple[np.ndarray, np.ndarray]:
+        """`greedy(mask)`: the greedy actions of the rows in mask where they are known already (StackedQPolicy)."""
         n = len(obs)
         if explore is None:  # warm-up: uniform random actions
             a = self.rng.integers(0, self.n_actions, n)
@@ -101,8 +102,9 @@ class DQNPolicy:
             rand = self.rng.random(n) < explore   # none: a CNN forward is ~1 ms a step on a CPU; SB3 skips it too)
             a = np.empty(n, np.int64)
             if not rand.all():
-                greedy = ~rand
-                a[greedy] = self.act_deterministic(obs if greedy.all() else obs[greedy])
+                mask = ~rand
+                a[mask] = greedy(mask) if greedy is not None else \
+                    self.act_deterministic(obs if mask.all() else obs[mask])
             if rand.any():
                 a[rand] = self.rng.integers(0, self.n_actions, int(rand.sum()))
         return a, a
@@ -112,6 +114,40 @@ class DQNPolicy:
 
     def episode_end(self, done: np.ndarray) -> None:
         pass
+
+
+class StackedQPolicy(MemberPolicies):
+    """A population's DQN members side by side: the Q-values of every member's envs in one call over their stacked
+    weights (StackedNets), made at the first greedy row of a step; each member's epsilon-greedy draws are its own
+    policy's (DQNPolicy.act). Member by member where the networks do not stack (the compiled kernel's acting)."""
+
+    def __init__(self, policies: list[DQNPolicy], envs: int):
+        super().__init__(policies, envs)
+        self.stacked = StackedNets.of([p.net for p in policies])
+
+    def act(self, obs: np.ndarray, explore: list) -> tuple[np.ndarray, np.ndarray]:
+        if self.stacked is None:
+            return super().act(obs, explore)
+        q: list = []
+
+        def greedy(m: int, rows: slice):
+            def of(mask: np.ndarray) -> np.ndarray:
+                if not q and self.stacked is not None:
+                    x = torch.as_tensor(obs, dtype=self.policies[0].dtype)
+                    try:
+                        q.append(self.stacked(x.view(len(self.policies), self.n, *x.shape[1:])).argmax(-1).numpy())
+                    except Exception:   # the network's forward does not vmap: member by member from here on
+                        self.stacked = None
+                return q[0][m][mask] if q else self.policies[m].act_deterministic(obs[rows][mask])
+            return of
+
+        acts = [p.act(obs[s], explore[m], greedy(m, s)) for m, p, s in self.rows()]
+        return np.concatenate([a[0] for a in acts]), np.concatenate([a[1] for a in acts])
+
+    def load_member(self, m: int, state: dict) -> None:
+        super().load_member(m, state)
+        if self.stacked is not None:
+            self.stacked.refresh(m)
 
 
 class DQN(Algorithm):
@@ -143,6 +179,11 @@ class DQN(Algorithm):
         net = self._net()
         net.load_state_dict(self.policy_state())
         return DQNPolicy(net, self.n_actions, seed, device)
+
+    def stacked_policy(self, policies: list, envs: int):
+        if all(type(p) is DQNPolicy for p in policies):   # (a subclass's policy may act otherwise)
+            return StackedQPolicy(policies, envs)
+        return super().stacked_policy(policies, envs)
 
     def policy_state(self) -> dict:
         return live_state(self.q)

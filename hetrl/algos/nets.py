@@ -161,6 +161,43 @@ def live_state(module: nn.Module) -> FlatState:
     return state.same()
 
 
+class StackedNets:
+    """The forward of networks of one type over their weights stacked (torch.func: the network's own forward,
+    vmapped over them): `self(x)`, x of shape (M, N, ...), gives network m's output on rows x[m]."""
+
+    def __init__(self, nets: list[nn.Module]):
+        import copy
+
+        from torch.func import functional_call, stack_module_state, vmap
+
+        self.nets = nets
+        self.params, self.buffers = stack_module_state(nets)
+        base = copy.deepcopy(nets[0]).to("meta")
+        self.call = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))
+
+    @classmethod
+    def of(cls, nets: list) -> "StackedNets | None":
+        """None where they do not stack (fewer than two, of different types, or torch.func refuses them)."""
+        if len(nets) < 2 or not all(isinstance(n, nn.Module) and type(n) is type(nets[0]) for n in nets):
+            return None
+        try:
+            return cls(nets)
+        except Exception:   # a network torch.func cannot stack
+            return None
+
+    @torch.no_grad()
+    def refresh(self, m: int) -> None:
+        """Network m took new weights."""
+        for name, t in self.nets[m].named_parameters():
+            self.params[name][m].copy_(t)
+        for name, t in self.nets[m].named_buffers():
+            self.buffers[name][m].copy_(t)
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor):
+        return self.call(self.params, self.buffers, x)
+
+
 @torch.no_grad()
 def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """module.load_state_dict(state), for the many loads of an actor's policy: the state of a twin module

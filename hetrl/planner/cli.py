@@ -91,7 +91,7 @@ def _population_plan(args, cfg, result):
 
     from hetrl.kernels import Choice, kernel_class
     from hetrl.planner.population import plan_population
-    from hetrl.population import parse_seeds, parse_sweep
+    from hetrl.runtime.population import parse_seeds, parse_sweep
 
     seeds, sweep = parse_seeds(args.seeds if args.seeds is not None else 1), parse_sweep(args.sweep)
     members = len(seeds)

@@ -69,3 +69,19 @@ def plan_population(members: int, cores: float, kernel: str, side_by_side: bool,
     why = (f"one group per core, each acting and learning for its members in its own {where} (in one process, "
            f"acting would hold one core{'' if side_by_side else ' and so would learning'})")
     return PopulationPlan(schedule, groups, lanes, kernel, why)
+
+
+def kernel_of(cfg, env) -> tuple[str, bool]:
+    """The learner kernel a population's members will run (the machine's cached choice, else measured now) and
+    whether phases of it run side by side in threads."""
+    from hetrl import kernels
+    from hetrl.actors.envs import prepare_env, probe_spaces
+    from hetrl.algos import learn_spec, make_algorithm
+    from hetrl.runtime.core import resolve_device
+    from hetrl.runtime.layout import grads_per_phase, group_size
+
+    obs, act = probe_spaces(prepare_env(env, cfg))
+    device = resolve_device(cfg.system.device)
+    choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, learn_spec(cfg, obs, act),
+                            device, group_size(grads_per_phase(cfg), cfg.prioritized))
+    return choice.name, kernels.kernel_class(choice.name).side_by_side()

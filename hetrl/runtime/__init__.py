@@ -1,4 +1,5 @@
-"""Schedules: realisations of the training protocol (inline, local, ray)."""
+"""Schedules: realisations of the training protocol (inline, local, ray; a population: population.py), and
+where a run goes (launch.py: this process, or groups in processes or Ray tasks)."""
 
 from __future__ import annotations
 

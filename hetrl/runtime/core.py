@@ -718,6 +718,16 @@ class Schedule(abc.ABC):
     def _load_actors(self, states: list[dict]) -> None:
         """Actors as actors_state() saved them ({"pickle": ...} each), in place of new ones, before the first phase."""
 
+    # the run's clock (a population's: every member's)
+    def start_clock(self) -> None:
+        self.core.start_clock()
+
+    def tick(self) -> None:
+        self.core.tick()
+
+    def clock_paused(self):
+        return self.core.clock_paused()
+
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
 
@@ -761,3 +771,81 @@ class Schedule(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ActorsSchedule(Schedule):
+    """A schedule whose actors run apart from the learner (local processes, Ray actors), cut by `lay`.
+
+    Reproducible (the default): phases. A phase's grants go out at once (`_grant_phase`), its chunks wait to go in
+    at its boundary in actor order, and phase() returns at the boundary with the actors idle, so that evaluations
+    and callbacks see the run at the same points whatever the timing and the actors' state can be saved. Timed
+    (reproducible=false): phase() runs about PHASE_S. When the run has its env steps the actors stop (their state
+    kept first where the run saves it)."""
+
+    lay: Layout
+    _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
+    _final: dict | None = None           # the actors' state when the run finished (keep_actors_state)
+    startup_s = 0.0
+
+    def phase(self) -> list[tuple[float, int]]:
+        if not self._phased or self._closed:
+            return super().phase()
+        if not self._open and not self.done():
+            self._open = True
+            self._grant_phase()
+        while self._open and not self.done():
+            self._step()
+        eps, self._episodes = self._episodes, []
+        return eps
+
+    def done(self) -> bool:
+        if self._finished:
+            return True
+        if not self._all_in():
+            return False
+        if self.keep_actors_state and self._phased:   # idle: every env step is in
+            self._open = False
+            self._final = self.actors_state()
+        self._finished = True
+        self._stop_actors()  # nothing left for them; the run's figures and state stay here
+        return True
+
+    @abc.abstractmethod
+    def _all_in(self) -> bool:
+        """Every env step is in and the learner learned what the core's replay ratio owes (drawn groups too)."""
+
+    @abc.abstractmethod
+    def _grant_phase(self) -> None:
+        """A phase's start: every actor is granted its chunk (none once the run has its env steps)."""
+
+    @abc.abstractmethod
+    def _stop_actors(self) -> None:
+        """Stop the actors (the run's figures and state stay here)."""
+
+    def extended(self) -> None:
+        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
+            self._finished, self._open, self._final = False, False, None
+            self._restart_actors()
+
+    def actor_envs(self) -> list[int]:
+        return [self.lay.envs_per_actor] * self.lay.actors
+
+    def actors_state(self) -> dict:
+        """At a phase boundary every actor is idle: each is asked for its state (`_ask_states`)."""
+        if not self._phased:
+            if self.core.rollout:
+                return {"unsaved": "an on-policy run's actors are not saved under this schedule"}
+            return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
+        if self._final is not None or self._finished:
+            return self._final or {"unsaved": "the actors were stopped when the run finished"}
+        if self._open or getattr(self, "_arrived", None):
+            return {"unsaved": "the run stopped inside a phase"}
+        return self._ask_states()
+
+    def _ask_states(self) -> dict:
+        return super().actors_state()
+
+    def transport_figures(self) -> dict:
+        c, lay, wall = self.c, self.lay, self.c.wall_s
+        return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
+                "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0, "startup_s": self.startup_s}

@@ -34,7 +34,7 @@ from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import BatchGroups
-from hetrl.runtime.core import LearnerCore, Schedule
+from hetrl.runtime.core import ActorsSchedule, LearnerCore
 from hetrl.runtime.layout import layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
 from hetrl.runtime.shm import SharedArrays, SharedParameterStore
@@ -117,7 +117,7 @@ class _Fleet:
             h.close_pipes()
 
 
-class LocalSchedule(Schedule):
+class LocalSchedule(ActorsSchedule):
     name = "local"
 
     def __init__(self, cfg: Config, env: EnvSpec):
@@ -160,12 +160,7 @@ class LocalSchedule(Schedule):
         # boundary, where they go in in actor order; phase() returns at a boundary, the actors idle
         self._phased = core.ratio.phased
         self._arrived: list[tuple] = []
-        self._open = False          # a phase's grants are out and its boundary not reached
-        self._final: dict | None = None   # the actors' state when the run finished (keep_actors_state)
-        self._finished = False
-        self._closed = False
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
-        self.startup_s = 0.0
         self._fleet = _Fleet()
         self._finalizer = weakref.finalize(self, self._fleet.shutdown)
         self._start_actors()
@@ -185,24 +180,8 @@ class LocalSchedule(Schedule):
         self.startup_s = time.perf_counter() - t0
         self.c.learner_wait_s = waited
 
-    def extended(self) -> None:
-        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
-            self._finished, self._open, self._final = False, False, None
-            self._restart_actors()
-
-    def actor_envs(self) -> list[int]:
-        return [self.lay.envs_per_actor] * self.lay.actors
-
-    def actors_state(self) -> dict:
-        """At a phase boundary every actor is idle: each is asked for its state (a message on its control pipe)."""
-        if not self._phased:
-            if getattr(self.core, "rollout", False):
-                return {"unsaved": "an on-policy run's actors are not saved under this schedule"}
-            return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
-        if self._final is not None or self._finished:
-            return self._final or {"unsaved": "the actors were stopped when the run finished"}
-        if self._open or self._arrived:
-            return {"unsaved": "the run stopped inside a phase"}
+    def _ask_states(self) -> dict:
+        """A message on each actor's control pipe."""
         handles, waited = self._fleet.handles, self.c.learner_wait_s
         for h in handles:
             h.state = None
@@ -250,19 +229,6 @@ class LocalSchedule(Schedule):
         return [h.proc.pid for h in self._fleet.handles if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
-    def phase(self) -> list[tuple[float, int]]:
-        """Phases (reproducible): one phase, from its grants to its boundary, so that evaluations and callbacks see
-        the run at the same points whatever the timing, and the actors idle (their state can be saved); else about
-        PHASE_S."""
-        if not self._phased or self._closed:
-            return super().phase()
-        if not self._open and not self.done():
-            self._grant_phase()
-        while self._open and not self.done():
-            self._step()
-        eps, self._episodes = self._episodes, []
-        return eps
-
     def _step(self) -> None:
         self._pump(timeout=0.0)
         if self._phased:
@@ -291,8 +257,6 @@ class LocalSchedule(Schedule):
         self._open = False
 
     def _grant_phase(self) -> None:
-        """A phase's start: every actor is granted its chunk (none once the run has its env steps)."""
-        self._open = True
         for h in self._fleet.handles:
             grant = self.core.next_grant(self.lay.envs_per_actor)
             if grant is None or h.ctrl is None:
@@ -305,22 +269,8 @@ class LocalSchedule(Schedule):
             h.outstanding[0] = n
             self.core.granted((h.index, 0), n)
 
-    def done(self) -> bool:
-        return self._check_finished()
-
-    def _check_finished(self) -> bool:
-        """Every env step is in and the learner learned what the core's replay ratio owes, a drawn group
-        included."""
-        if self._finished:
-            return True
-        if not self.core.ratio.finished(len(self.replay)) or self._ready is not None or self._pending is not None:
-            return False
-        if self.keep_actors_state and self._phased:   # idle: every env step is in
-            self._open = False
-            self._final = self.actors_state()
-        self._finished = True
-        self._stop_actors()  # nothing left for them; the run's figures and state stay here
-        return True
+    def _all_in(self) -> bool:
+        return self.core.ratio.finished(len(self.replay)) and self._ready is None and self._pending is None
 
     def _allowed_group(self) -> int:
         """How many gradient steps (batches) may be drawn now: the core's replay ratio decides."""
@@ -495,10 +445,7 @@ class LocalSchedule(Schedule):
 
     # ---- figures ----------------------------------------------------------------------------------
     def transport_figures(self) -> dict:
-        c, lay, wall = self.c, self.lay, self.c.wall_s
-        return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
-                "actor_busy_fraction": c.acting_s / (lay.actors * wall) if wall else 0.0, "startup_s": self.startup_s,
-                "optimisations": {k: self.cfg.get(k) for k in
+        return {**super().transport_figures(), "optimisations": {k: self.cfg.get(k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
     def close(self) -> None:

@@ -1,148 +1,189 @@
-"""A population's transport: every member's parts in one process, the members side by side.
+"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives.
 
-    members' envs  --one vector env (member m: envs m*n .. m*n+n-1)-->  one collect, policies stacked
+    members' envs  --one vector env (member m: envs m*n .. m*n+n-1)-->  one collect, Algorithm.stacked_policy
     each member    --its own replay (sampler, priorities), learner core (algorithm, kernel, counters)-->
     one learner call: every member's phase, members as lanes over the cores (kernels that release the GIL)
 
 Each member runs exactly what its own inline run would: its envs are seeded as that run's, its acting
 policy draws from its own RNG, its replay samples with its own seed and its learner draws from its own
 generator, so member i equals the inline run of seed i (tests/test_population.py). The members share one
-clock: a member's wall time is the population's.
+clock. Each member is also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of
+it), and the population's files (population.json, result.json with the report) are written here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import itertools
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 
 from hetrl.actors import Actor
-from hetrl.actors.envs import EnvSpec
-from hetrl.config import Config
-from hetrl.errors import HetrlError
-from hetrl.runtime.core import Counters, LearnerCore, Schedule, give_back_freed_memory
+from hetrl.config import SYSTEM_KEYS, Config, check_value, make_config, settings_class
+from hetrl.errors import HetrlError, UsageError
+from hetrl.runtime.core import LearnerCore, Schedule, give_back_freed_memory
 from hetrl.runtime.params import InProcessParameterStore
 
+POPULATION_FILE = "population.json"
+FORMAT = "hetrl-population/1"
 
-class StackedForward:
-    """One call of the members' policy networks for all their envs, their weights stacked (torch.func: the
-    network's own forward, vmapped over the members); None where the network does not vmap (it is then called
-    member by member)."""
 
-    def __init__(self, nets: list[torch.nn.Module]):
-        from torch.func import functional_call, stack_module_state, vmap
+@dataclass
+class Member:
+    name: str                                   # seed3, or seed3-lr0.001 in a sweep
+    seed: int
+    settings: dict = field(default_factory=dict)    # the swept settings' values
+    cfg: Config | None = None
 
-        self.nets = nets
-        self.params, self.buffers = stack_module_state(nets)
-        base = copy.deepcopy(nets[0]).to("meta")
-        self.call = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))
+    def to_json(self) -> dict:
+        return {"name": self.name, "seed": self.seed, "settings": self.settings, "dir": f"members/{self.name}"}
 
-    @classmethod
-    def of(cls, nets: list) -> "StackedForward | None":
-        if len(nets) < 2 or not all(isinstance(n, torch.nn.Module) and type(n) is type(nets[0]) for n in nets):
-            return None
+
+# ---- who the members are ---------------------------------------------------------------------------------------
+def parse_seeds(seeds: Any) -> list[int]:
+    """`8` (seeds 0-7), `"0,3,5"` or [0, 3, 5] -> the list; one line naming the problem otherwise."""
+    if isinstance(seeds, str):
+        text = seeds.strip()
         try:
-            return cls(nets)
-        except Exception:   # a network torch.func cannot stack: member by member
-            return None
+            seeds = int(text) if "," not in text else [int(s) for s in text.split(",") if s.strip()]
+        except ValueError:
+            raise UsageError(f"--seeds {text!r} is not a count (8) or a list of seeds (0,3,5)") from None
+    if isinstance(seeds, bool) or not isinstance(seeds, (int, list, tuple, range)):
+        raise UsageError(f"seeds={seeds!r} is not a count or a list of seeds; e.g. --seeds 8 or --seeds 0,3,5")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise UsageError(f"--seeds {seeds}: a population needs at least one member; e.g. --seeds 8 (seeds 0-7)")
+        return list(range(seeds))
+    out = [int(s) for s in seeds]
+    if not out:
+        raise UsageError("--seeds lists no seed; e.g. --seeds 0,3,5")
+    if any(s < 0 for s in out):
+        raise UsageError(f"--seeds {','.join(map(str, out))}: seeds are >= 0")
+    dup = sorted({s for s in out if out.count(s) > 1})
+    if dup:
+        raise UsageError(f"--seeds lists seed {dup[0]} twice; each member needs its own seed")
+    return out
 
-    @torch.no_grad()
-    def refresh(self, m: int) -> None:
-        """Member m's network changed (new weights from the parameter store)."""
-        for name, t in self.nets[m].named_parameters():
-            self.params[name][m].copy_(t)
-        for name, t in self.nets[m].named_buffers():
-            self.buffers[name][m].copy_(t)
 
-    @torch.no_grad()
-    def __call__(self, x: torch.Tensor):
-        return self.call(self.params, self.buffers, x)
+def parse_sweep(sweep: Any) -> dict[str, list]:
+    """{"lr": [1e-3, 3e-4]} or ["lr=0.001,0.0003", ...] (the CLI's repeated --sweep) -> {key: values}."""
+    if isinstance(sweep, dict):
+        pairs = [(str(k), list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in sweep.items()]
+    else:
+        pairs = []
+        for pair in sweep or ():
+            if "=" not in pair:
+                raise UsageError(f"--sweep {pair!r} is not KEY=V1,V2,...; write e.g. --sweep lr=0.001,0.0003")
+            k, v = pair.split("=", 1)
+            pairs.append((k.strip(), [x.strip() for x in v.split(",") if x.strip()]))
+    out: dict[str, list] = {}
+    for k, values in pairs:
+        if k in out:
+            raise UsageError(f"--sweep {k} is given twice; give all its values in one --sweep {k}=V1,V2")
+        if not values:
+            raise UsageError(f"--sweep {k}= has no values; give e.g. --sweep {k}=V1,V2")
+        out[k] = values
+    return out
 
 
-@contextlib.contextmanager
-def _precomputed(net: torch.nn.Module, obs: np.ndarray, out):
-    """`net`'s forward answers with `out`, the outputs the stacked call computed for the rows of `obs` (a policy
-    may ask for some of them only: DQN's greedy envs)."""
-    rows = {obs[i].tobytes(): i for i in range(len(obs))}
+def fixed_settings(algo: str) -> set[str]:
+    """What every member of a population of `algo` shares: the settings that shape its networks or its
+    learner's program, those that set when it acts and learns, the system's, and what names the run."""
+    from hetrl import registry
 
-    def forward(x):
-        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-        if len(x) == len(obs) and np.array_equal(x, obs):
-            return out
-        idx = torch.as_tensor([rows[r.astype(obs.dtype).tobytes()] for r in x], dtype=torch.long)
-        return tuple(o[idx] for o in out) if isinstance(out, tuple) else out[idx]
+    cls, settings = registry.get(algo), settings_class(algo)
+    return (set(settings.SHAPE_SETTINGS) | set(settings.SCHEDULE_SETTINGS) | set(getattr(cls, "shape_settings", ()))
+            | set(getattr(cls, "schedule_settings", ())) | set(SYSTEM_KEYS) | {"algo", "env", "seed"})
 
-    net.forward = forward
+
+def make_members(algo: str, env: str, overrides: dict[str, Any], seeds: list[int], sweep: dict[str, list]) -> list[Member]:
+    """The members: every combination of the swept values (grid) x every seed, each with its config."""
+    cls, fixed = settings_class(algo), fixed_settings(algo)
+    typed: dict[str, list] = {}
+    for key, values in sweep.items():
+        check_value(key, values[0], cls)   # an unknown key: one line with the close match
+        if key in fixed:
+            why = ("the seeds are given with --seeds" if key == "seed" else
+                   "it is a system setting (the same for every member)" if key in SYSTEM_KEYS else
+                   "it changes the shapes of the networks or the step schedule of one member against another")
+            raise UsageError(f"--sweep {key}: members cannot differ in {key} ({why}); sweep a learning setting "
+                             "such as lr, gamma or tau, or train separate populations")
+        typed[key] = [check_value(key, v, cls) for v in values]
+        if len({json.dumps(v, default=str) for v in typed[key]}) != len(typed[key]):
+            raise UsageError(f"--sweep {key} lists a value twice; give each value once")
+    members = []
+    for combo in itertools.product(*typed.values()):
+        settings = dict(zip(typed, combo))
+        for seed in seeds:
+            label = [f"{k}{str(v).replace(' ', '').replace('/', '_')}" for k, v in settings.items()]
+            cfg = make_config(algo, env, {**overrides, **settings, "seed": seed})
+            members.append(Member("-".join([f"seed{seed}", *label]), seed, settings, cfg))
+    return members
+
+
+# ---- the population's files ------------------------------------------------------------------------------------
+def is_population(path: str | Path) -> bool:
+    return (Path(path) / POPULATION_FILE).is_file()
+
+
+def read_population(path: str | Path) -> dict:
+    f = Path(path) / POPULATION_FILE
     try:
-        yield
-    finally:
-        del net.forward
+        data = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{f} is unreadable ({type(e).__name__}); give the directory of a population hetrl wrote") from None
+    if data.get("format") != FORMAT:
+        raise UsageError(f"{f} is not a hetrl population (format {data.get('format')!r})")
+    return data
 
 
-class StackedPolicy:
-    """The acting policies of a population's members side by side: member m acts for envs m*n .. m*n+n-1, with
-    its own exploration value (`explore` is a list, one per member) and its own RNG; their networks answer in one
-    stacked call (StackedForward) where that applies, each member's policy logic then taking its rows."""
+def write_members(out: Path, members: list[Member], spec: dict) -> dict:
+    """OUT/population.json, what --resume rebuilds the members from (written before the members train, so that
+    a driver that is killed leaves a population that resumes); returns its "population" entry."""
+    from hetrl.checkpoint import write_json
 
-    def __init__(self, policies: list, envs: int):
-        self.policies, self.n = policies, envs
-        nets = [getattr(p, "net", None) for p in policies]
-        self.stacked = StackedForward.of(nets) if all(nets) else None
-
-    def _slices(self):
-        return ((m, p, slice(m * self.n, (m + 1) * self.n)) for m, p in enumerate(self.policies))
-
-    def _outputs(self, obs: np.ndarray):
-        if self.stacked is None:
-            return None
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
-        try:
-            return self.stacked(x.reshape(len(self.policies), self.n, *x.shape[1:]))
-        except Exception:   # the network's forward does not vmap (e.g. a layout change): member by member
-            self.stacked = None
-            return None
-
-    def act(self, obs: np.ndarray, explore: list) -> tuple[np.ndarray, np.ndarray]:
-        out = self._outputs(obs) if any(e is not None for e in explore) else None   # warm-up: random actions
-        acts = []
-        for m, p, s in self._slices():
-            if out is None:
-                acts.append(p.act(obs[s], explore[m]))
-                continue
-            with _precomputed(p.net, np.asarray(obs[s], dtype=np.float32),
-                              tuple(o[m] for o in out) if isinstance(out, tuple) else out[m]):
-                acts.append(p.act(obs[s], explore[m]))
-        return np.concatenate([a[0] for a in acts]), np.concatenate([a[1] for a in acts])
-
-    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
-        return np.concatenate([p.act_deterministic(obs[s]) for _, p, s in self._slices()])
-
-    def load_member(self, m: int, state: dict) -> None:
-        self.policies[m].load(state)
-        if self.stacked is not None:
-            self.stacked.refresh(m)
-
-    def episode_end(self, done: np.ndarray) -> None:
-        for _, p, s in self._slices():
-            if done[s].any():
-                p.episode_end(done[s])
+    out.mkdir(parents=True, exist_ok=True)
+    base = members[0].cfg
+    pop = {"seeds": spec.get("seeds", sorted({m.seed for m in members})), "sweep": spec.get("sweep", {}),
+           "members": [m.to_json() for m in members], "groups": spec.get("groups")}
+    write_json({"format": FORMAT, "algo": base.algo, "env": base.env, "population": pop,
+                "schedule": base.system.schedule}, out / POPULATION_FILE)
+    return pop
 
 
+def write_population(out: Path, members: list[Member], spec: dict, figures: dict, info: dict) -> dict:
+    """OUT/population.json and OUT/result.json (figures, `info`, and the report once every member has a result)."""
+    from hetrl.checkpoint import write_json
+
+    base = members[0].cfg
+    result = {"algo": base.algo, "env": base.env, "population": write_members(out, members, spec), **figures, **info,
+              "config": {k: v for k, v in base.to_dict().items() if k != "seed"}}
+    write_json(result, out / "result.json")
+    if all((out / m.to_json()["dir"] / "result.json").is_file() for m in members):
+        from hetrl.report import write_population_report
+
+        result["aggregate"] = write_population_report(out)
+        write_json(result, out / "result.json")
+    return result
+
+
+# ---- the schedule ------------------------------------------------------------------------------------------------
 class MemberSchedule(Schedule):
     """One member of a population seen as a schedule of its own (its core and replay): what a Run saves,
-    evaluates and reports of it. The population's transport drives it; it never steps by itself."""
+    evaluates and reports of it. The population's schedule steps it."""
 
     name = "inline"
 
     def __init__(self, population: "PopulationSchedule", index: int):
         self.population, self.index = population, index
         self.core, self.replay = population.cores[index], population.replays[index]
-        self._episodes: list = []
 
     def _step(self) -> None:
         raise HetrlError("a population member is stepped by its population")
@@ -153,37 +194,43 @@ class MemberSchedule(Schedule):
     def close(self) -> None:
         self.population.close()
 
+    def actors_state(self) -> dict:
+        return {"unsaved": "a population's actors are not saved"}
+
     def _restart_actors(self) -> None:
         self.population.stale = True   # every member loaded: one new actor at the next phase
 
 
-class PopulationSchedule:
+class PopulationSchedule(Schedule):
     """The members of a population (their configs differ only in seed and swept settings that keep shapes and
-    step schedules) trained side by side in this process; `lanes`: member phases learned at once."""
+    step schedules) trained side by side in this process; `lanes`: member phases learned at once. Its counters
+    and clock are member 0's (every member steps alike); `views` are the members as schedules of their own."""
 
     name = "inline"
     PHASE_S = 0.0
 
-    def __init__(self, cfgs: list[Config], env: EnvSpec, lanes: int = 0):
-        if not cfgs:
+    def __init__(self, members: list[Member], env, lanes: int = 0, spec: dict | None = None):
+        if not members:
             raise HetrlError("a population needs at least one member")
-        self.cfgs, self.env = cfgs, env
+        self.members, self.env, self.spec = members, env, dict(spec or {})
+        self.cfgs = [m.cfg for m in members]
         self.cores: list[LearnerCore] = []
-        self._closed = False
         try:
-            for cfg in cfgs:   # one thread each: the members are the lanes
+            for cfg in self.cfgs:   # one thread each: the members are the lanes
                 self.cores.append(LearnerCore(cfg, env, threads=1))
         except BaseException:
             for core in self.cores:
                 core.close()
             raise
+        self.core = self.cores[0]
         self.replays = [core.make_replay() for core in self.cores]
+        self.replay = self.replays[0]
         self.params = [InProcessParameterStore() for _ in self.cores]
         for core, store in zip(self.cores, self.params):
             core.attach(store)
-        self.members = [MemberSchedule(self, i) for i in range(len(cfgs))]
-        self.versions = [-1] * len(cfgs)
-        self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(cfgs)))
+        self.views = [MemberSchedule(self, i) for i in range(len(self.cores))]
+        self.versions = [-1] * len(self.cores)
+        self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(self.cores)))
         # phases of members in threads only where the kernel runs without the GIL (the compiled one): torch's
         # eager ops on small networks hold it most of the time, and a loop is then faster
         self.parallel = self.lanes > 1 and all(core.kernel.side_by_side() for core in self.cores)
@@ -191,35 +238,26 @@ class PopulationSchedule:
         # on a GPU with the CUDA-graph kernel: every member's phase replayed from one graph, the members as parallel
         # branches (the GPU runs their small kernels side by side)
         self.graph = None
-        if len(cfgs) > 1 and all(core.kernel.name == "cuda_graph" for core in self.cores):
+        if len(self.cores) > 1 and all(core.kernel.name == "cuda_graph" for core in self.cores):
             from hetrl.kernels.cuda_graph import MembersGraph
 
             self.graph = MembersGraph([core.algo for core in self.cores])
         self.actor: Actor | None = None
         self.stale = False
-        self._episodes: list[list] = [[] for _ in cfgs]
+        self._episodes: list = []
         self._restart_actors()
-
-    # ---- the parts ---------------------------------------------------------------------------------
-    @property
-    def size(self) -> int:
-        return len(self.cores)
-
-    @property
-    def c(self) -> Counters:
-        return self.cores[0].c
 
     def _restart_actors(self) -> None:
         """One actor over every member's envs, each env seeded as its member's own inline run seeds it."""
         if self.actor is not None:
             self.actor.close()
-        n = self.cfgs[0].num_envs
+        M, n = len(self.cores), self.cfgs[0].num_envs
         specs = [core.actor_spec(0, n) for core in self.cores]
-        seeds = [s.env_seed + j for s in specs for j in range(n)]
         s0 = specs[0]
-        self.actor = Actor(s0.env, n * self.size, s0.env_seed, StackedPolicy([s.policy for s in specs], n),
-                           s0.n_step, s0.gamma, s0.backend, groups=self.size, seeds=seeds)
-        for m in range(self.size):
+        policy = self.core.algo.stacked_policy([s.policy for s in specs], n)
+        self.actor = Actor(s0.env, n * M, s0.env_seed, policy, s0.n_step, s0.gamma, s0.backend, groups=M,
+                           seeds=[s.env_seed + j for s in specs for j in range(n)])
+        for m in range(M):
             self._load(m, *self.params[m].latest(-1))
 
     def _load(self, m: int, state: dict, version: int) -> None:
@@ -227,26 +265,21 @@ class PopulationSchedule:
         self.versions[m] = version
 
     # ---- the protocol, one phase of every member ------------------------------------------------------
-    def phase(self) -> list[list[tuple[float, int]]]:
-        """Collect train_freq env steps of every member, insert each member's into its replay, learn what each
-        member's replay ratio allows (members as lanes); the episodes each member finished meanwhile."""
-        if self._closed:
-            raise HetrlError("this population was closed; make a new run")
+    def phase(self) -> list[tuple[float, int]]:
         if self.stale:   # members loaded from checkpoints: actors seeded for their step counts
             self.stale = False
             self._restart_actors()
-        if not self.done():
-            self._step()
-        eps, self._episodes = self._episodes, [[] for _ in self.cores]
-        return eps
+        return super().phase()
 
     def _step(self) -> None:
-        cfg, M, actor = self.cfgs[0], self.size, self.actor
+        """Collect train_freq env steps of every member, insert each member's into its replay, learn what each
+        member's replay ratio allows (members as lanes)."""
+        cfg, M, actor = self.cfgs[0], len(self.cores), self.actor
         n = cfg.num_envs
         t0 = time.perf_counter()
         base = [core.c.env_steps for core in self.cores]
         start = actor.env_steps
-        n_collect, most = self.cores[0].ratio.to_collect()   # every member's run collects what member 0's does
+        n_collect, most = self.core.ratio.to_collect()   # every member's run collects what member 0's does
 
         def explore(steps: int) -> list:
             done = (steps - start) // M
@@ -258,15 +291,14 @@ class PopulationSchedule:
         member = batch.pop("env", None) if batch is not None else None   # (a population of one has no groups)
         member = member // n if member is not None else np.zeros(len(batch["obs"]) if batch else 0, np.int64)
         for m, core in enumerate(self.cores):
-            if batch is not None:
-                rows = member == m
-                if rows.any():
-                    core.insert(self.replays[m], {k: v[rows] for k, v in batch.items()}, actor=m)
+            rows = member == m
+            if rows.any():
+                core.insert(self.replays[m], {k: v[rows] for k, v in batch.items()}, actor=m)
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
         # what each member's learner core allows now (its inline run's replay ratio)
         owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
         if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized \
-                and not self.cores[0].rollout:   # (an on-policy phase is each core's own: learn_rollout)
+                and not self.core.rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
         elif self._pool is not None and sum(1 for k in owed if k) > 1:
             list(self._pool.map(self._learn, [m for m, k in enumerate(owed) if k]))
@@ -278,9 +310,7 @@ class PopulationSchedule:
             new = self.params[m].latest(self.versions[m])
             if new is not None:
                 self._load(m, *new)
-        envs = np.asarray(actor.episode_envs, dtype=np.int64) // n
-        for (ret, length), m in zip(actor.drain_episodes(), envs):
-            self._episodes[m].append((ret, length))
+        self._episodes.extend(actor.drain_episodes())
 
     def _learn(self, m: int) -> None:
         """The gradient steps member m's learner core allows, as its inline run takes them."""
@@ -288,7 +318,7 @@ class PopulationSchedule:
 
     def _learn_together(self, n: int) -> None:
         """n gradient steps of every member, replayed from one CUDA graph with a branch per member."""
-        B, M = self.cfgs[0].batch_size, self.size
+        B, M = self.cfgs[0].batch_size, len(self.cores)
         t0 = time.perf_counter()
         stacks, weights = [], []
         for core, replay in zip(self.cores, self.replays):
@@ -306,7 +336,7 @@ class PopulationSchedule:
     def done(self) -> bool:
         return self.c.env_steps >= self.cfgs[0].steps
 
-    # ---- the clock of every member -------------------------------------------------------------------
+    # ---- the clock of every member, the population's figures ------------------------------------------
     def start_clock(self) -> None:
         for core in self.cores:
             core.start_clock()
@@ -315,13 +345,32 @@ class PopulationSchedule:
         for core in self.cores:
             core.tick()
 
+    @contextlib.contextmanager
+    def clock_paused(self):
+        with contextlib.ExitStack() as stack:
+            for core in self.cores:
+                stack.enter_context(core.clock_paused())
+            yield
+
+    def figures(self) -> dict:
+        """Env steps per member, and throughput counted over all members."""
+        member, M = self.views[0].figures(), len(self.cores)
+        wall, grads = member["wall_s"], sum(core.c.gradient_steps for core in self.cores)
+        return {"members": M, "env_steps": member["env_steps"], "wall_s": wall,
+                "env_steps_per_s": M * member["env_steps"] / wall if wall else 0.0,
+                "member_env_steps_per_s": member["env_steps_per_s"], "gradient_steps": grads,
+                "train_samples_per_s": self.cfgs[0].batch_size * grads / wall if wall else 0.0,
+                "lanes": self.lanes, "parallel_lanes": self.parallel,
+                "learner_kernel": member.get("learner_kernel"), "peak_rss_mb": member.get("peak_rss_mb")}
+
     def drop_replays(self) -> None:
         """Let go of the members' replays (training is over and they are saved; a replay saved with its member is
         in the member's run directory, replay.pt). Their memory is freed for what follows (the report), and the
         C allocator asked to return it to the system (malloc_trim)."""
         self.replays = [None] * len(self.replays)
-        for m in self.members:
-            m.replay = None
+        self.replay = None
+        for view in self.views:
+            view.replay = None
         give_back_freed_memory()
 
     def close(self) -> None:
@@ -334,9 +383,3 @@ class PopulationSchedule:
             self.actor.close()
         for core in self.cores:
             core.close()
-
-    def __enter__(self) -> "PopulationSchedule":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -37,7 +37,7 @@ from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay.server import ReplayServer, ShardedReplay
-from hetrl.runtime.core import LearnerCore, Schedule
+from hetrl.runtime.core import ActorsSchedule, LearnerCore
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
 
@@ -136,7 +136,7 @@ class _Slot:
         self.chunk: tuple | None = None    # phases: (ref, env steps, version, episodes, busy s) of its staged chunk
 
 
-class RaySchedule(Schedule):
+class RaySchedule(ActorsSchedule):
     name = "ray"
 
     def __init__(self, cfg: Config, env: EnvSpec):
@@ -162,16 +162,12 @@ class RaySchedule(Schedule):
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
         self._phased = self.core.ratio.phased
-        self._open = False              # phases: a phase's grants are out and its boundary not reached
-        self._final: dict | None = None  # the actors' state when the run finished (keep_actors_state)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
         self._shard_inserts = [0] * cfg.system.replay_shards
         self._prio_sent = [0] * cfg.system.replay_shards   # priority updates sent to each shard
-        self._finished = False
         self._prio_refs: list = []
-        self.startup_s = 0.0
         self._check_resources(ray)
         t0 = time.perf_counter()
         if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
@@ -182,7 +178,7 @@ class RaySchedule(Schedule):
         self.slots = [_Slot(i) for i in range(lay.actors)]
         for s in self.slots:
             self._spawn(s)
-        self._wait_ready(ray)
+        self._wait_ready()
         self.startup_s = time.perf_counter() - t0
 
     # ---- cluster ------------------------------------------------------------------------------------
@@ -225,7 +221,9 @@ class RaySchedule(Schedule):
         s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread, s.index)
         s.calls = {}
 
-    def _wait_ready(self, ray) -> None:
+    def _wait_ready(self) -> None:
+        import ray
+
         try:
             wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=START_S)
         except Exception as e:
@@ -238,19 +236,9 @@ class RaySchedule(Schedule):
         return sorted({s.where.get("node", "?") for s in self.slots})
 
     # ---- the learner's loop ---------------------------------------------------------------------
-    def phase(self) -> list[tuple[float, int]]:
-        """Phases (reproducible): one phase, from its grants to its boundary (the actors idle then); else about
-        PHASE_S."""
-        if not self._phased or self._closed:
-            return super().phase()
-        if not self._open and not self.done():
-            self._open = True
-            for s in self.slots:
-                self._grant_one(s)
-        while self._open and not self.done():
-            self._step()
-        eps, self._episodes = self._episodes, []
-        return eps
+    def _grant_phase(self) -> None:
+        for s in self.slots:
+            self._grant_one(s)
 
     def _grant_one(self, s: _Slot) -> None:
         """Actor s's chunk of this phase, to be staged at its server."""
@@ -294,26 +282,14 @@ class RaySchedule(Schedule):
                 self.c.learner_wait_s += time.perf_counter() - t0
         self._harvest()
 
-    def done(self) -> bool:
-        return self._check_finished()
-
     def _refs(self) -> list:
         refs = [r for s in self.slots for r in s.calls]
         if self._pending is not None:
             refs.append(self._pending[1])
         return refs
 
-    def _check_finished(self) -> bool:
-        if self._finished:
-            return True
-        if self._pending is not None or not self.core.ratio.finished():
-            return False
-        if self.keep_actors_state and self._phased:   # idle: every env step is in
-            self._open = False
-            self._final = self.actors_state()
-        self._finished = True
-        self._stop_actors()
-        return True
+    def _all_in(self) -> bool:
+        return self._pending is None and self.core.ratio.finished()
 
     def _grant(self) -> None:
         for s in self.slots:
@@ -465,31 +441,11 @@ class RaySchedule(Schedule):
 
     # ---- figures and state ----------------------------------------------------------------------
     def transport_figures(self) -> dict:
-        lay, wall = self.lay, self.c.wall_s
-        return {"actors": lay.actors, "envs_per_actor": lay.envs_per_actor, "insert_chunk": lay.chunk,
-                "actor_busy_fraction": self.c.acting_s / (lay.actors * wall) if wall else 0.0,
-                "startup_s": self.startup_s, "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
+        return {**super().transport_figures(), "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
-    def extended(self) -> None:
-        if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
-            self._finished, self._open, self._final = False, False, None
-            self._restart_actors()
-
-    def actor_envs(self) -> list[int]:
-        return [self.lay.envs_per_actor] * self.lay.actors
-
-    def actors_state(self) -> dict:
-        """At a phase boundary every actor is idle: each is asked for its state."""
+    def _ask_states(self) -> dict:
         import ray
 
-        if not self._phased:
-            if getattr(self.core, "rollout", False):
-                return {"unsaved": "an on-policy run's actors are not saved under this schedule"}
-            return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
-        if self._final is not None or self._finished:
-            return self._final or {"unsaved": "the actors were stopped when the run finished"}
-        if self._open:
-            return {"unsaved": "the run stopped inside a phase"}
         try:
             return self._states(ray.get([s.handle.state_dict.remote() for s in self.slots], timeout=START_S))
         except Exception as e:   # an actor lost meanwhile
@@ -518,7 +474,7 @@ class RaySchedule(Schedule):
         self._stop_actors()
         for s in self.slots:
             self._spawn(s)
-        self._wait_ready(ray)
+        self._wait_ready()
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
