@@ -377,15 +377,21 @@ def soak(doc):
 
 def bench_busy(doc):
     entries = []
-    for name, c in doc["cases"].items():
-        med, best = c["median_env_steps_per_s_learning"], c["best_hand_set"]
-        plan = (c.get("default_plans") or [{}])[-1]
-        text = (f"{label(c['algo'])} {c['env']} {steps_k(c['steps'])}, profiled beside a one-core CPU hog "
-                f"({c['profile']['provisional']} entries provisional), then trained with the hog gone: default plan "
-                f"({plan.get('schedule')}, {plan.get('threads')} thr) {num(med['default'])} env steps/s, best hand-set "
-                f"({best}) {num(med[best])}: **{c['default_over_best_hand_set']:.2f}**; default measured / predicted "
-                f"**{c['default_measured_over_predicted']:.2f}**")
-        entries.append(Entry("planner", f"busy:{name}", text))
+    for name, case in doc["cases"].items():
+        # (results before the quiet phase hold the loaded phase's figures in the case itself)
+        for phase, c in (case.get("phases") or {"loaded": case}).items():
+            med, best = c["median_env_steps_per_s_learning"], c["best_hand_set"]
+            plan = (c.get("default_plans") or [{}])[-1]
+            how = "beside a one-core CPU hog" if phase == "loaded" else "with no hog"
+            verdicts = c.get("verdicts") or {}
+            failed = [k for k, ok in verdicts.items() if not ok]
+            judged = f"; {'FAIL: ' + ', '.join(failed) if failed else 'must-hold met'}" if verdicts else ""
+            text = (f"{label(case['algo'])} {case['env']} {steps_k(case['steps'])}, profiled {how} "
+                    f"({c['profile']['provisional']} entries provisional), then trained with the hog gone: default plan "
+                    f"({plan.get('schedule')}, {plan.get('threads')} thr) {num(med['default'])} env steps/s, best "
+                    f"hand-set ({best}) {num(med[best])}: **{c['default_over_best_hand_set']:.2f}**; default measured / "
+                    f"predicted **{c['default_measured_over_predicted']:.2f}**{judged}")
+            entries.append(Entry("planner", f"busy:{name}" + (f":{phase}" if "phases" in case else ""), text))
     return f"median of {doc['rounds']} round{'s' * (doc['rounds'] > 1)}, alternating:", entries
 
 

@@ -248,6 +248,63 @@ def test_a_busy_machine_and_a_thread_dependent_kernel_price_the_loaded_figures_a
     assert search(table, work).plan.threads == 1
     table.load_now, table.as_measured = Load(0.0, 0.5, [0.5, 0.0], 0.5, 2), False
     assert _threads_fixed_now(table) is None and search(table, work).plan.threads == 2
+    # somewhat busy (a shared machine's background, a program that just ended), no program holding a core: the
+    # loaded figures are not taken for the truth
+    table.load_now = Load(0.5, 0.5, [0.7, 0.6], 1.5, 2)
+    assert table.load_now.busy and not table.load_now.heavy
+    assert _threads_fixed_now(table) is None and not table.as_measured and search(table, work).plan.threads == 2
+
+
+def test_a_provisional_figure_is_priced_by_the_faster_of_the_prior_and_its_measurement():
+    """Load only slows a figure down: a provisional 2-thread figure faster than the prior is taken as measured."""
+    table = synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 2.4e-3}}, env_step_s=20e-6)
+    table.data["learn"]["cpu"]["2"] = {b: {"s": 0.5 * table.data["learn"]["cpu"]["1"][b], "spread": 0.1,
+                                           "rounds": 8, "calls": 1, "stable": True, "provisional": "measured under load"}
+                                       for b in table.data["learn"]["cpu"]["2"]}
+    work = Workload(replay_ratio=1.0, batch_size=64, train_freq=1, num_envs=1)
+    assert predict(Plan("inline", 1, 1, batch_size=64, threads=2), table, work).times["learn"] == \
+        pytest.approx(2e-3, rel=0.01)
+
+
+class Phases:
+    """Load samples of a machine whose other processes keep `foreign[i]` cores busy during the i-th reading of
+    a quiet check (each reading: a sample at its start and one at its end)."""
+
+    def __init__(self, foreign: list[float], cores: int = 2):
+        self.foreign, self.cores, self.calls, self.busy = foreign, cores, 0, 0.0
+        self.t0 = self.t = time.perf_counter()
+
+    def __call__(self) -> Sample:
+        t = time.perf_counter()
+        if self.calls % 2 == 1:   # the end of reading calls // 2
+            self.busy += self.foreign[min(self.calls // 2, len(self.foreign) - 1)] * (t - self.t)
+        self.calls, self.t = self.calls + 1, t
+        b = self.busy / self.cores
+        return Sample(t, [b] * self.cores, [max(0.0, t - self.t0 - b)] * self.cores, 0.0, 0.1)
+
+
+def test_a_quiet_check_calls_the_machine_busy_only_where_every_reading_says_so():
+    from hetrl.planner.load import quiet_check
+
+    burst = quiet_check(0.25, Phases([1.5, 0.0, 1.5]))         # a neighbour's burst, then quiet: quiet
+    assert burst is not None and not burst.busy and burst.foreign < 0.1 and burst.idle_cores > 1.9
+    held = quiet_check(0.25, Phases([1.5, 0.9, 1.2]))          # busy in every reading: the least loaded one
+    assert held.busy and held.heavy and held.foreign == pytest.approx(0.9, abs=0.1)
+    some = quiet_check(0.25, Phases([0.6, 0.6, 0.6]))          # busy, but no program holds a core
+    assert some.busy and not some.heavy
+
+
+def test_the_plan_says_which_provisional_entries_its_prediction_rests_on():
+    work = Workload(replay_ratio=1.0, batch_size=64, train_freq=1, num_envs=1)
+    quiet = search(synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 2.4e-3}}, env_step_s=20e-6), work)
+    assert quiet.rests_on == [] and quiet.to_json()["rests_on_provisional"] == []
+    loaded = search(_loaded_two_threads(synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 2.4e-3}}, env_step_s=20e-6)),
+                    work)
+    assert loaded.plan.threads == 2 and "learn/cpu/2/64" in loaded.rests_on
+    assert any("rests on" in n for n in loaded.notes)
+    one = search(_loaded_two_threads(synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 2.4e-3}}, env_step_s=20e-6)),
+                 work, pins={"threads": 1})
+    assert one.rests_on == []     # a 1-thread plan reads no 2-thread figure
 
 
 def test_what_a_run_measured_prices_its_workload(tmp_path):
@@ -308,13 +365,15 @@ class SimulatedRun:
         self.c.learner_s += seconds * 0.8
 
 
-def _follow(run: SimulatedRun, table_path, predicted: float, pins=None, steps=10**6, foreign: float = 0.0):
+def _follow(run: SimulatedRun, table_path, predicted: float, pins=None, steps=10**6, foreign: float = 0.0,
+            rests=()):
     cfg = make_config("dqn", "CartPole-v1", {**TINY, "steps": steps, "train_freq": 1, "gradient_steps": 1})
     info = {"predicted_env_steps_per_s": predicted,
             "plan": {"plan": {"schedule": "inline", "actors": 1, "envs_per_actor": 1, "learner_device": "cpu",
                               "storage_device": "cpu", "replay_device": "cpu", "actor_inference_device": "cpu",
                               "batch_size": 32, "threads": run.governor.threads},
-                     "pins": pins or {}, "cores": 2, "profile": {"path": str(table_path)}}}
+                     "pins": pins or {}, "cores": 2, "profile": {"path": str(table_path)},
+                     "rests_on_provisional": list(rests)}}
     f = follow.Follower(run, cfg, info, warm_s=0.2, window_s=0.5, reader=Readings(foreign, clock=run.elapsed))
     while run.t < 12.0:
         run.step()
@@ -345,6 +404,26 @@ def test_a_run_short_of_its_prediction_keeps_the_faster_of_two_plans_and_writes_
     assert back.governor.planned == 1 and "not kept" in f.figures()["plan_follow"]["why"]
 
 
+def test_a_run_whose_prediction_rested_on_provisional_entries_tries_the_next_plan_though_within_its_error(tmp_path):
+    table = synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 2.4e-3}}, batch_size=32)
+    table.save(tmp_path / "p.json")
+    run = SimulatedRun({1: 300.0, 2: 450.0}, threads=1)
+    f = _follow(run, tmp_path / "p.json", predicted=310.0, rests=["learn/cpu/2/32"])
+    figs = f.figures()
+    assert not figs["plan_follow"]["short"] and figs["plan_follow"]["trials"] == 1
+    assert figs["plan_follow"]["rested_on_provisional"] == 1 and "schedule_fixed" in figs["plan_follow"]
+    assert {p["plan"]["threads"]: p["kept"] for p in figs["plans_tried"]} == {1: False, 2: True}
+    assert run.governor.planned == 2 and "rested on 1 provisional" in figs["plan_follow"]["why"]
+    runs = json.loads((tmp_path / "p.json").read_text())["in_run"]["learn"]["cpu"]["inline"]
+    assert set(runs) == {"1", "2"} and not any("provisional" in e for e in runs.values())
+    # measured while other programs kept cores busy throughout: written back, but provisional
+    table.save(tmp_path / "q.json")
+    busy = _follow(SimulatedRun({1: 300.0, 2: 450.0}, threads=1), tmp_path / "q.json", predicted=310.0,
+                   rests=["learn/cpu/2/32"], foreign=1.5)
+    runs = json.loads((tmp_path / "q.json").read_text())["in_run"]["learn"]["cpu"]["inline"]
+    assert busy.figures()["plan_follow"]["trials"] == 1 and all("provisional" in e for e in runs.values())
+
+
 def test_a_run_within_the_models_error_or_unable_to_switch_tries_nothing(tmp_path):
     table = synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 2.4e-3}}, batch_size=32)
     table.save(tmp_path / "p.json")
@@ -365,13 +444,16 @@ def test_a_run_within_the_models_error_or_unable_to_switch_tries_nothing(tmp_pat
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
-def test_result_json_records_the_plans_tried_and_the_thread_count(cache, loaded, tmp_path, monkeypatch):
-    """A real planned run whose kernel may change threads, held to a prediction it cannot meet: it tries the
-    other thread count at a phase boundary, and result.json and the profile say what each measured."""
+@pytest.mark.parametrize("why", ["short", "provisional"])
+def test_result_json_records_the_plans_tried_and_the_thread_count(cache, loaded, tmp_path, monkeypatch, why):
+    """A real planned run whose kernel may change threads, held to a prediction it cannot meet (short), or within
+    the model's error of one that rested on the loaded profile's provisional entries: it tries the other thread
+    count at a phase boundary, and result.json and the profile say what each measured."""
     from hetrl import kernels
     from hetrl.api import Run
 
-    monkeypatch.setattr(follow, "MODEL_ERROR", -100.0)    # any measured rate falls short
+    # short: any measured rate falls short; provisional: none does, the prediction's provisional entries decide
+    monkeypatch.setattr(follow, "MODEL_ERROR", -100.0 if why == "short" else 100.0)
     monkeypatch.setattr(follow, "WARM_S", 0.1)
     monkeypatch.setattr(follow, "WINDOW_S", 0.25)
     monkeypatch.setattr(follow, "PAYBACK", 0.0)
@@ -392,5 +474,6 @@ def test_result_json_records_the_plans_tried_and_the_thread_count(cache, loaded,
     kept = next(p for p in tried if p["kept"])["plan"]["threads"]
     assert doc["threads"] == kept == run.schedule.core.governor.planned
     assert doc["plan_follow"]["trials"] == 1 and doc["plan_follow"]["threads_exact"]
+    assert doc["plan_follow"]["short"] == (why == "short") and doc["plan"]["rests_on_provisional"]
     profile = json.loads(open(doc["plan"]["profile"]["path"]).read())
     assert set(profile["in_run"]["learn"]["cpu"]["inline"]) == {"1", "2"}

@@ -61,13 +61,16 @@ def plan(cfg, objective: str = "throughput", pins: dict | Iterable[str] | None =
 
 
 def _threads_fixed_now(table) -> str | None:
-    """Where the machine is busy now (the provisional entries could not be measured again) and the CPU learner's
-    kernel gives results that depend on its thread count (so a run keeps the threads it starts with): price the
-    provisional learner figures as they were measured, under load, which is the machine a run started now
-    meets; returns the note that says so (None: the model prices them by the quiet machine's thread scaling)."""
+    """Where another program holds a core now (``Load.heavy``, over every reading of the quiet check: the
+    provisional entries could not be measured again) and the CPU learner's kernel gives results that depend on
+    its thread count (so a run keeps the threads it starts with): price the provisional learner figures as they
+    were measured, under load, which is the machine a run started now meets; returns the note that says so.
+    Otherwise (None) the model prices them by the quiet machine's thread scaling: a machine only somewhat busy
+    (the background of a shared one, a program that just ended) is not taken for one that stays loaded, and a
+    figure measured under load never decides a plan as if it were the truth."""
     load = getattr(table, "load_now", None)
     threads = table.provisional_threads("cpu") if "cpu" in table.devices else []
-    if load is None or not load.busy or not threads:
+    if load is None or not load.busy or not load.heavy or not threads:
         return None
     from hetrl.kernels import Choice, kernel_class
 
@@ -79,9 +82,9 @@ def _threads_fixed_now(table) -> str | None:
     if exact:
         return None
     table.as_measured = True
-    return (f"the machine is busy now ({load.why()}) and the learner kernel's results depend on its thread count, so "
-            f"a run keeps the threads it starts with: the {', '.join(map(str, threads))}-thread learner figures are "
-            "priced as measured under load")
+    return (f"another program holds a core now ({load.why()}) and the learner kernel's results depend on its thread "
+            f"count, so a run keeps the threads it starts with: the provisional {', '.join(map(str, threads))}-thread "
+            "learner figures are priced as measured under load")
 
 
 __all__ = ["plan", "Plan", "PlanResult", "Prediction", "Workload", "predict", "parse_pins", "pins_from_settings",

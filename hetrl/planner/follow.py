@@ -5,23 +5,26 @@ called by api.Run at every phase boundary, measures the run in *windows* of abou
 training (evaluations excluded) once learning has run WARM_S seconds: the rate (gradient steps / replay
 ratio per second: the rate limiter holds the ratio, and gradient steps come more evenly than env steps),
 the learner's seconds per gradient step, and the foreign load (hetrl/planner/load.py). After
-WATCH_WINDOWS windows it compares the median rate with the prediction. Where the run falls short by more
-than the model's error (MODEL_ERROR), it tries the next-best plan the run can switch to at a phase
-boundary without changing what is learned: another learner thread count, where the kernel's results do
-not depend on the thread count (`Kernel.threads_exact`), best first by the model. It runs that plan and
-the run's own in alternating windows (TRIAL_PAIRS of each), keeps the faster (by KEEP_MARGIN at least),
+WATCH_WINDOWS windows it compares the median rate with the prediction. It tries the next-best plan the run
+can switch to at a phase boundary without changing what is learned (another learner thread count, where
+the kernel's results do not depend on the thread count: `Kernel.threads_exact`; best first by the model)
+where the run falls short by more than the model's error (MODEL_ERROR), and also where the run is within
+it but the plan's prediction rested on provisional profile entries (measured under load, priced by a prior:
+search.py's `rests_on_provisional`), since the plan chosen then may not be the best one. It runs that plan
+and the run's own in alternating windows (TRIAL_PAIRS of each), keeps the faster (by KEEP_MARGIN at least),
 and writes what it measured at each thread count back into the profile, marked measured in a run
-(profile/table.py: record_in_run; provisional where other processes kept cores busy meanwhile), so the
-next plan on this machine prices that workload with it.
+(profile/table.py: record_in_run; from the windows in which other processes kept no cores busy, and
+provisional where there were none), so the next plan on this machine prices that workload with it.
 
-What never changes: the schedule (switching between inline and local moves the data through other
-processes and changes the order actors and learner see it, which changes what is learned; it also costs
-starting the actor processes and copying the replay), the actors and envs, the device, anything the user
-set by hand (a pinned thread count stays), and the thread count of a kernel whose results depend on it
-(the public torch kernel: its GEMM reductions follow the threads). Such a run still measures and writes
-back. result.json records `plans_tried` (each plan, its prediction, its measured rate and learner time,
-whether it was kept) and `plan_follow` (what the follower decided and why); `threads` is the count the
-run ended with.
+What never changes: the schedule (the local schedule runs in phases, its actors a phase behind the learner,
+so a seed's local run is not its inline run: switching between them changes what is learned; it also
+costs starting the actor processes and copying the replay): it is chosen once, before the first update,
+by the plan; the actors and envs, the device, anything the user set by hand (a pinned thread count stays),
+and the thread count of a kernel whose results depend on it (the public torch kernel: its GEMM reductions
+follow the threads). Such a run still measures and writes back. result.json records `plans_tried` (each
+plan, its prediction, its measured rate and learner time, whether it was kept) and `plan_follow` (what the
+follower decided and why, whether the prediction rested on provisional entries, what stays fixed); `threads`
+is the count the run ended with.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ TRIAL_PAIRS = 2        # windows of the alternative, each followed by one of the
 KEEP_MARGIN = 0.03     # the alternative is kept only where it measured this much faster
 MAX_TRIALS = 2         # alternatives tried per run
 PAYBACK = 3.0          # a trial starts only where the run has this many trials' time left
+SCHEDULE_FIXED = ("chosen once, before the first update: a seed's local run (actors a phase behind the learner) is "
+                  "not its inline run, so switching would change what is learned")
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Follower:
         self.predicted = float(plan_info.get("predicted_env_steps_per_s") or 0.0)
         self.exact = bool(getattr(core.kernel, "threads_exact", False))
         self.rr = float(cfg.replay_ratio) or 1.0
+        self.rests = list(self.info.get("rests_on_provisional") or [])   # provisional entries the prediction read
         self.state, self.why = "warm", "waiting for learning to start"
         self.short: bool | None = None
         self.window: Window | None = None
@@ -94,6 +100,7 @@ class Follower:
         self.queue: list[int] = []
         self.trials = 0
         self.alt: int | None = None     # the thread count under trial
+        self.cause = ""                 # why the trial was started
         self._table = table
         self.tried: dict[int, Tried] = {core.governor.threads: Tried(core.governor.threads, self.predicted or None)}
         self.base = core.governor.threads
@@ -193,6 +200,10 @@ class Follower:
         """The plan measured WATCH_WINDOWS windows: within the model's error of its prediction, or short."""
         rate = self.tried[self.base].rate()
         self.short = bool(self.predicted) and rate < self.predicted * (1 - MODEL_ERROR)
+        if not self.short and self.rests:
+            self._try_next(rate, f"against {self.predicted:,.0f} predicted, a prediction that rested on "
+                                 f"{len(self.rests)} provisional profile entries")
+            return
         if not self.short:
             self.state = "settled"
             self.why = (f"measured {rate:,.0f} env steps/s against {self.predicted:,.0f} predicted: within the model's "
@@ -200,8 +211,8 @@ class Follower:
             return
         self._try_next(rate)
 
-    def _try_next(self, rate: float) -> None:
-        short = f"measured {rate:,.0f} env steps/s against {self.predicted:,.0f} predicted"
+    def _try_next(self, rate: float, reason: str = "") -> None:
+        short = f"measured {rate:,.0f} env steps/s " + (reason or f"against {self.predicted:,.0f} predicted")
         alts = self.alternatives()
         if not alts or self.trials >= MAX_TRIALS:
             self.state = "settled"
@@ -214,7 +225,7 @@ class Follower:
             self.why = short + f"; the run ends in about {left:.0f} s, too soon to try another plan ({cost:.0f} s)"
             return
         t, pred = alts[0]
-        self.trials, self.alt = self.trials + 1, t
+        self.trials, self.alt, self.cause = self.trials + 1, t, short
         self.tried[t] = Tried(t, pred, kept=False)
         self.queue = [x for _ in range(TRIAL_PAIRS) for x in (t, self.base)]
         self.state = "trial"
@@ -243,10 +254,11 @@ class Follower:
         if a.rate() > base_rate * (1 + KEEP_MARGIN):
             a.kept, b.kept = True, False
             self.base = alt
-            self.why = f"{alt} learner thread(s) measured {a.rate():,.0f} env steps/s against {base_rate:,.0f}: kept"
+            self.why = (f"{self.cause}; {alt} learner thread(s) measured {a.rate():,.0f} env steps/s against "
+                        f"{base_rate:,.0f}: kept")
         else:
-            self.why = (f"{alt} learner thread(s) measured {a.rate():,.0f} env steps/s against {base_rate:,.0f}: "
-                        "not kept")
+            self.why = (f"{self.cause}; {alt} learner thread(s) measured {a.rate():,.0f} env steps/s against "
+                        f"{base_rate:,.0f}: not kept")
         self._switch(self.base)
         self.write_back()
         if self.base == alt and a.rate() < self.predicted * (1 - MODEL_ERROR) and self.trials < MAX_TRIALS \
@@ -326,7 +338,8 @@ class Follower:
                           "kept": t == self.base})
         return {"plans_tried": tried,
                 "plan_follow": {"state": self.state, "why": self.why, "short": self.short, "model_error": MODEL_ERROR,
-                                "threads_exact": self.exact, "trials": self.trials}}
+                                "threads_exact": self.exact, "trials": self.trials,
+                                "rested_on_provisional": len(self.rests), "schedule_fixed": SCHEDULE_FIXED}}
 
 
 class _Off(Follower):

@@ -11,7 +11,10 @@ Two readings:
   ``FOREIGN_BUSY`` cores busy is *provisional* (hetrl/planner/profile/__init__.py), never the
   machine's truth. /proc/stat counts in ticks (1/100 s per core), so a short interval has a coarser
   reading: the threshold grows by two ticks per core over the interval. Without /proc (not Linux) there
-  is no reading, and nothing is marked.
+  is no reading, and nothing is marked. Whether the machine is quiet enough to measure on *now*
+  (:func:`quiet_check`) takes a few such readings and calls it busy only where each says so; whether
+  another program holds a core of its own (``Load.heavy``, FOREIGN_HEAVY) decides how a plan made now
+  prices the entries measured under load (hetrl/planner/__init__.py).
 * **Cores ours** (active; :func:`available_cores`): one spinning process per core for a moment.
 
 The profile holds what each primitive costs on a core of its own, and the model shares the
@@ -31,6 +34,8 @@ import time
 from dataclasses import dataclass
 
 FOREIGN_BUSY = 0.3          # cores other processes may keep busy while an entry is measured (background noise)
+FOREIGN_HEAVY = 0.7         # cores other processes keep busy when one of them holds a core (a second run, a hog)
+QUIET_READINGS = 3          # readings a quiet check takes at most before it calls the machine busy
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -136,11 +141,21 @@ class Load:
     def busy(self) -> bool:
         return self.foreign > self.threshold
 
+    @property
+    def heavy(self) -> bool:
+        """Another program holds about a core of its own (not just the background of a shared machine)."""
+        return self.foreign >= FOREIGN_HEAVY
+
+    @property
+    def idle_cores(self) -> float:
+        """The cores left idle over the interval (each core's idle fraction, summed)."""
+        return sum(1.0 - b for b in self.core_busy)
+
     def why(self) -> str:
         cores = ", ".join(f"{100 * b:.0f}%" for b in self.core_busy)
         avg = f"; load average {self.loadavg:.2f}" if self.loadavg is not None else ""
         return (f"other processes kept {self.foreign:.2f} of {self.cores} cores busy over {self.seconds:.2f} s "
-                f"(cores busy {cores}{avg})")
+                f"(cores busy {cores}; {self.idle_cores:.2f} idle{avg})")
 
     def short(self) -> str:
         avg = f", load average {self.loadavg:.2f}" if self.loadavg is not None else ""
@@ -218,6 +233,21 @@ def current_load(seconds: float = 0.5, reader=None) -> Load | None:
     w = Watch(reader).start()
     time.sleep(seconds)
     return w.stop()
+
+
+def quiet_check(seconds: float = 0.5, reader=None, readings: int | None = None) -> Load | None:
+    """Is the machine quiet enough to measure on now? Up to `readings` (QUIET_READINGS) back-to-back readings of
+    `seconds` each, per core from /proc/stat, stopping at the first quiet one; returns that one, else the least
+    loaded. A neighbour's burst, or the tail of a program that just ended, makes one reading busy, not all of
+    them: the machine is called busy only where every reading says so."""
+    best = None
+    for _ in range(max(1, QUIET_READINGS if readings is None else readings)):
+        load = current_load(seconds, reader)
+        if load is None or not load.busy:
+            return load
+        if best is None or load.foreign < best.foreign:
+            best = load
+    return best
 
 
 # --- cores ours (active) ------------------------------------------------------------------------------------

@@ -272,6 +272,7 @@ class PlanResult:
     env: str = ""
     preset_envs: int = 0             # the preset's num_envs (the plan keeps it unless allowed more envs)
     provisional: list = field(default_factory=list)   # the profile's provisional entries: {entry, name, why}
+    rests_on: list = field(default_factory=list)      # the provisional entries the chosen plan's prediction read
 
     @property
     def learning_changes(self) -> dict:
@@ -363,7 +364,7 @@ class PlanResult:
             "predicted": self.prediction.to_json(), "bottleneck": self.bottleneck,
             "runners_up": [{"plan": p.plan.to_json(), "predicted": p.to_json()} for p in self.runners_up],
             "pins": self.pins, "notes": self.notes, "candidates": self.candidates, "profile": self.profile,
-            "provisional": self.provisional,
+            "provisional": self.provisional, "rests_on_provisional": self.rests_on,
         }
 
 
@@ -408,6 +409,11 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
     if provisional:
         notes.append(f"{len(provisional)} profile entries are provisional (measured under load, or not settled): "
                      "measured again when the machine is next quiet")
+    _, rests = table.read_by(lambda: predict(best.plan, table, work, cores))
+    rests = ["/".join(p) for p in rests]
+    if rests:
+        notes.append(f"the chosen plan's prediction rests on {len(rests)} provisional entries: a run that may change "
+                     "its thread count measures the next-best one too and keeps the faster")
     prefetch_on = prefetches(best.plan, table, work, cores)
     return PlanResult(best.plan, best, distinct(ranked, objective, top), bottleneck_words(best, cores), objective,
                       cores, work,
@@ -426,4 +432,4 @@ def search(table: ProfileTable, work: Workload, objective: str = "throughput", p
                        "provisional": len(provisional), "load": table.data.get("load"),
                        "load_now": table.load_now.to_json() if table.load_now is not None else None,
                        "remeasured": table.remeasured},
-                      table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0, provisional)
+                      table.key.get("algo", ""), table.key.get("env", ""), preset_envs or 0, provisional, rests)

@@ -92,7 +92,7 @@ def _primitives(grid: dict, devices: list[str]) -> int:
 
 
 RETRIES = 2              # passes that measure the provisional entries again within one profile, while quiet
-QUIET_CHECK_S = 0.5      # how long a reading decides that the machine is quiet enough to measure again
+QUIET_CHECK_S = 0.5      # how long each reading of a quiet check lasts (load.quiet_check: up to QUIET_READINGS)
 
 
 def run_profile(cfg, devices: list[str] | None = None, quick: bool = False, budget_s: float = 45.0,
@@ -197,10 +197,11 @@ def _pass(cfg, env, devices, grid, data, budget_s, cap_s, tol, quick, say, ipc, 
 def _remeasure(cfg, env, table: ProfileTable, todo: list, budget_s: float, cap_s: float, tol: float, quick: bool,
                say: Callable[[str], None], ipc: bool, reader, load=None) -> bool:
     """Measure the entries `todo` ((path, why) pairs) of `table` again, in place, if the machine is quiet now
-    (`load`: a reading already taken, else one of QUIET_CHECK_S). Returns whether it measured."""
-    from hetrl.planner.load import current_load
+    (`load`: a reading already taken, else load.quiet_check's: busy only where each of a few readings of
+    QUIET_CHECK_S says so). Returns whether it measured."""
+    from hetrl.planner.load import quiet_check
 
-    load = load if load is not None else current_load(QUIET_CHECK_S if not quick else 0.25, reader)
+    load = load if load is not None else quiet_check(QUIET_CHECK_S if not quick else 0.25, reader)
     table.load_now = load
     if load is not None and load.busy:
         say(f"{len(todo)} provisional entries kept: the machine is busy now ({load.why()}); measured again when "

@@ -166,6 +166,7 @@ class ProfileTable:
         self.load_now = None         # the foreign load when the cache was read (profile.load_or_profile)
         self.as_measured = False     # price provisional learner figures as measured (not by the thread scaling)
         self.remeasured: list = []   # entries re-measured when this table was read
+        self.read: set | None = None  # while a set: the provisional entries the model reads are added to it (read_by)
 
     # -- identity
     @property
@@ -192,7 +193,19 @@ class ProfileTable:
         node = self.data[section]
         for p in path:
             node = node[p]
+        if self.read is not None:
+            self.read.update((section, *path, str(k)) for k, v in node.items()
+                             if isinstance(v, dict) and v.get("provisional"))
         return {int(k): Timing.from_json(v).s for k, v in node.items()}
+
+    def read_by(self, fn):
+        """(fn(), the paths of the provisional entries it read): what a prediction rested on that is not the
+        machine's truth."""
+        self.read = set()
+        try:
+            return fn(), sorted(self.read)
+        finally:
+            self.read = None
 
     def has(self, section: str, device: str) -> bool:
         return device in self.data.get(section, {})
@@ -316,7 +329,8 @@ class ProfileTable:
     def _learn_pts(self, section: str, device: str, t: int) -> dict[int, float]:
         """A learner section's points at t threads; a provisional t > 1 point (measured under load, where
         threads collapse) priced as the 1-thread point x the quiet machine's thread scaling (thread_scaling),
-        so that a loaded moment never makes a plan avoid threads for good."""
+        or as measured where that is faster (load only slows a figure down), so that a loaded moment never makes a
+        plan avoid threads for good."""
         pts = self._pts(section, device, str(t))
         if t <= 1 or self.as_measured:
             return pts
@@ -325,7 +339,7 @@ class ProfileTable:
             if isinstance(node[str(k)], dict) and node[str(k)].get("provisional") and str(k) in one:
                 ratio, source = self.thread_scaling(device, t)
                 self._used[(device, t)] = (ratio, source)
-                pts[k] = Timing.from_json(one[str(k)]).s * ratio
+                pts[k] = min(pts[k], Timing.from_json(one[str(k)]).s * ratio)
         return pts
 
     def prefetch(self, device: str, prioritized: bool, group: int) -> dict:
