@@ -86,7 +86,7 @@ class ActorCriticHead(Head):
         self.cops = np.ascontiguousarray(np.stack([c.ops for c in self.critics]))
         self.nc = self.critics[0].hi - self.critics[0].lo   # a critic's span of the buffer
         self.cbase = np.array([c.lo for c in self.critics], np.int64)
-        # a lane per critic steps its own span of the critics' buffer: the critics must tile it
+        # a task per critic steps its own span of the critics' buffer: the critics must tile it
         spans = sorted((c.lo, c.hi) for c in self.critics)
         tiled = spans[0][0] == 0 and spans[-1][1] == self.copt.flat.numel() and all(
             a[1] == b[0] and b[1] - b[0] == self.nc for a, b in itertools.pairwise(spans))
@@ -129,8 +129,8 @@ class ActorCriticHead(Head):
         n_critics = len(self.critics)
         by_critic = n_critics > 1 and self.critic_lanes   # (the same tasks on any number of lanes)
         self.lane_split = ("critics" if by_critic else "rows") if n_critics > 1 else None
-        ws, lane_ag, lane_cg, y = self._lane_buffers(B, nl, B if by_critic else -(-B // blocks(B)), af.shape[0],
-                                                     cf.shape[0])
+        ws, slot_ag, slot_cg, rows = self._lane_buffers(B, nl, B if by_critic else -(-B // blocks(B)), af.shape[0],
+                                                        cf.shape[0])
         losses = np.full(2, np.nan, np.float32)
         with torch.no_grad():
             td = np.empty((K, B), np.float32)
@@ -139,7 +139,7 @@ class ActorCriticHead(Head):
                 discount_of(b, cfg.gamma), f32kb(weights), f32(noise, K, B), smooth, self.actor.ops, self.actor.fc,
                 self.cops, self.critics[0].fc, self.cbase, self.nc, af, ag, am, av, ast, cf, cg, cm, cv, cst,
                 algo.actor_target_flat.numpy(), algo.critic_target_flat.numpy(), int(algo.updates), delay, by_critic,
-                hp, nl, ws, lane_ag, lane_cg, y, td, losses))
+                hp, nl, ws, slot_ag, slot_cg, rows, td, losses))
         # the last step's losses, as learn leaves them (the actor's: its last delayed step's, maybe an earlier phase's)
         stats = {**getattr(algo, "stats", {}), "critic_loss": torch.tensor(losses[0])}
         if not np.isnan(losses[1]):
@@ -252,7 +252,7 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _target_q(cc, cops, cfc, critic_t, xn, ws, qt):  # pragma: no cover - compiled
-        """Critic cc's target Q_cc,t(xn) on the whole batch into qt[cc] (its own lane)."""
+        """Critic cc's target Q_cc,t(xn) on the whole batch into qt[cc] (a task of its own)."""
         pos = np.zeros(1, np.int64)
         q = forward(cops[cc], cfc, critic_t, xn, tape(ws, pos, cops[cc], xn.shape[0]))
         for i in range(xn.shape[0]):

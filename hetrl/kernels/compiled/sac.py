@@ -93,7 +93,7 @@ class SACHead(Head):
         self.alpha = Alpha(algo)
 
     def _need(self, rows: int) -> int:
-        """Floats of a lane's workspace for `rows` rows (what _carve carves)."""
+        """Floats of a row block's workspace for `rows` rows (what _carve carves)."""
         a, c = self.body, self.critics[0]
         A, H = self.algo.act_dim, a.n_out
         return (2 * a.floats(rows, grads=False) + a.floats(rows) - a.floats(rows, grads=False) + 2 * c.floats(rows)
@@ -117,7 +117,7 @@ class SACHead(Head):
         a, c, al, hp = self._args()
         nb = blocks(B)
         rows = -(-B // nb)
-        ws, lane_ag, lane_cg, rb = self.buffers(   # a workspace and a gradient slot per row block
+        ws, slot_ag, slot_cg, rb = self.buffers(   # a workspace and a gradient slot per row block
             (B, a[0].shape[0], c[0].shape[0], nb),
             lambda: (np.zeros((nb, self._need(rows)), np.float32), np.zeros((nb - 1, a[0].shape[0]), np.float32),
                      np.zeros((nb - 1, c[0].shape[0]), np.float32), np.zeros((6, B), np.float32)))
@@ -128,7 +128,7 @@ class SACHead(Head):
                   discount_of(b, algo.cfg.gamma), f32kb(weights), np.ascontiguousarray(noise[:, 0].numpy()),
                   np.ascontiguousarray(noise[:, 1].numpy()), self.body.ops, self.body.fc, self.heads, self.cops,
                   self.critics[0].fc, *a, *c, algo.critic_target_flat.numpy(), *al, self.alpha.learned, hp, nl, ws,
-                  lane_ag, lane_cg, rb, td, losses)
+                  slot_ag, slot_cg, rb, td, losses)
         algo.updates += K
         # the last step's, as learn leaves them: alpha before its update, the alpha loss where alpha is learned
         stats = {"ent_coef": torch.tensor(losses[2]).reshape(algo.log_alpha.shape)}
@@ -180,7 +180,7 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _carve(ws, R, aops, cops, do, A):  # pragma: no cover - compiled
-        """A lane's matrices for R rows, carved from ws the same way for both parts of a step (the actor's part
+        """A row block's matrices for R rows, carved from ws the same way for both parts of a step (the actor's part
         reads the actor pass the critics' part kept)."""
         H = aops[aops.shape[0] - 1, 2]
         pos = np.zeros(1, np.int64)
