@@ -186,7 +186,7 @@ class CrossQHead(Head):
                 eps_pi[k] = torch.randn(B, A, generator=g)
         a, c, al, hp = self._args()
         nn_, na_, nc_ = self._sizes(B)
-        nws, aws, cws = self.buffers((B, nl), lambda: (np.zeros((nl, nn_), np.float32), np.zeros(na_, np.float32),
+        nws, aws, cws = self.buffers((B, nl, nn_, na_, nc_), lambda: (np.zeros((nl, nn_), np.float32), np.zeros(na_, np.float32),
                                                        np.zeros((2, nc_), np.float32)))
         self.astates.load(self.astate)
         self.cstates.load(self.cstate)
