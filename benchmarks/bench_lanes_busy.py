@@ -12,6 +12,10 @@ and alternating (the order rotated every round), in four conditions:
     hog_2     two lanes while a CPU hog (a process of its own spinning) holds one core
     hog_1     one lane beside the hog
 
+With --blocks-cost it measures instead what the heads' fixed row blocks (optim.blocks: the same bits on any number
+of lanes) cost against a split into as many blocks as there are lanes (the split before the blocks were fixed), on
+one and two lanes, quiet, alternating, the stall detector off: "blocks_over_split_1" and "_2" are the ratios.
+
 The figure issue-free lanes must meet: hog_2 / quiet_1 <= 1.3 (a two-thread phase beside a hog takes at most 1.3x the
 one-thread phase on a quiet machine; more means lanes that wait for a descheduled partner). Medians of ms per
 learn() call. The foreign load around the quiet rounds is recorded (hetrl/planner/load.py): run it on a machine
@@ -79,7 +83,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=150)
     ap.add_argument("--cases", default="td3,sac,qrdqn")
     ap.add_argument("--out")
+    ap.add_argument("--blocks-cost", action="store_true", help="fixed row blocks against one block per lane (heads)")
     args = ap.parse_args()
+    if args.blocks_cost:
+        return blocks_cost(args)
     torch.set_num_threads(1)
     doc = {"benchmark": "bench_lanes_busy", "command": "python benchmarks/bench_lanes_busy.py " + " ".join(sys.argv[1:]),
            "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "rounds": args.rounds,
@@ -125,6 +132,45 @@ def main() -> None:
         for kern in kernels.values():
             kern.close()
     out = Path(args.out) if args.out else result_path("bench_lanes_busy", args.cases.split(","))
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out}")
+
+
+def blocks_cost(args) -> None:
+    """The heads' fixed row blocks against one block per lane, quiet, on one and two lanes, alternating."""
+    import importlib
+
+    from hetrl.kernels.compiled import optim
+
+    modules = [importlib.import_module(f"hetrl.kernels.compiled.{m}") for m in ("dqn", "actor_critic", "sac")]
+    doc = {"benchmark": "bench_lanes_busy --blocks-cost", "command": "python benchmarks/bench_lanes_busy.py "
+           + " ".join(sys.argv[1:]), "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+           "cores": os.cpu_count(), "rounds": args.rounds, "calls": args.calls, "cases": {}}
+    modes = ("blocks_1", "split_1", "blocks_2", "split_2")
+    for name in args.cases.split(","):
+        algo, batches = build(name)
+        try:
+            kern = CompiledKernel(algo, path="head", lane_guard=False)
+        except ValueError as e:
+            doc["cases"][name] = {"not_taken": str(e)[:200]}
+            continue
+        times = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for mode in modes[r % 4:] + modes[:r % 4]:
+                lanes = int(mode[-1])
+                for m in modules:
+                    m.blocks = optim.blocks if mode.startswith("blocks") else (lambda B, n=lanes: n)
+                kern.use_threads(lanes)
+                times[mode].append(time_calls(kern, batches, args.calls))
+        for m in modules:
+            m.blocks = optim.blocks
+        kern.close()
+        med = {m: round(statistics.median(v), 3) for m, v in times.items()}
+        doc["cases"][name] = {"ms_per_call": times, "median_ms": med, "blocks": optim.blocks(batches[0][1].shape[1]),
+                              "blocks_over_split_1": round(med["blocks_1"] / med["split_1"], 3),
+                              "blocks_over_split_2": round(med["blocks_2"] / med["split_2"], 3)}
+        print(f"{name} head: " + ", ".join(f"{m} {v:.2f} ms" for m, v in med.items()), flush=True)
+    out = Path(args.out) if args.out else result_path("bench_lanes_blocks", args.cases.split(","))
     out.write_text(json.dumps(doc, indent=1))
     print(f"wrote {out}")
 

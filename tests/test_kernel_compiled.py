@@ -60,7 +60,7 @@ def _pair(name, threads=1, spaces=None, critic_lanes=True, **settings):
     torch.manual_seed(0)
     fast, ref = make_algorithm(cfg, *spaces), make_algorithm(cfg, *spaces)
     ref.load_state_dict(fast.state_dict())
-    kernel = CompiledKernel(fast, critic_lanes=critic_lanes)
+    kernel = CompiledKernel(fast, critic_lanes=critic_lanes, lane_guard=False)   # (the lanes asked for)
     _OPEN.append(kernel)
     kernel.use_threads(threads)
     return kernel, fast, ref
@@ -135,7 +135,7 @@ def _id(case):
 def test_the_phase_equals_the_public_learn(name, settings, case):
     """The same |TD| per phase, then the same parameters, targets, Adam states, step count (and SAC's entropy
     coefficient) as the algorithm's public learn: importance weights, an active gradient clip, terminations and
-    n-step discounts; on one learner thread, or two (the batch's rows split over two lanes; TD3's critics a lane
+    n-step discounts; on one learner thread, or two (the lanes taking the row blocks; TD3's critics a task
     each)."""
     arch, act, ln, threads = case
     kernel, fast, ref = _pair(name, threads, net_arch=arch, activation=act, layer_norm=ln, **settings)
@@ -144,7 +144,7 @@ def test_the_phase_equals_the_public_learn(name, settings, case):
         _learn_both(kernel, ref, K, seed, tol=1e-5 if small else 1e-4)
     _same_state(fast, ref)
     if name == "td3":
-        assert kernel.figures()["lane_split"] == ("critics" if threads == 2 else "rows")
+        assert kernel.figures()["lane_split"] == "critics"
     if name == "sac":
         assert abs(float(fast.log_alpha.detach())) > 1e-4   # learned, from alpha = 1
     kernel.close()
@@ -165,6 +165,99 @@ def test_the_lane_splits_and_optional_parts_equal_the_public_learn(name, setting
     if settings.get("ent_coef"):
         assert float(fast.log_alpha.detach()) == pytest.approx(math.log(0.1))
     kernel.close()
+
+
+BITS = [("dqn", {}), ("dqn", {"double": True}), ("ddpg", {}), ("td3", {"policy_delay": 2}),
+        ("td3", {"policy_delay": 2, "critic_lanes": False}), ("td3", {"max_grad_norm": 0.0}), ("sac", {}),
+        ("crossq", {"policy_delay": 2})]
+
+
+def _phases(kernels, name, phases=((3, 0), (2, 1)), B=64):
+    """The same phases, from the same torch RNG state, on each kernel (or, for None, the public learn of `ref`)."""
+    outs = []
+    for K, seed in phases:
+        b = _batches(name, K, B, seed)
+        w = torch.rand(K, B, generator=torch.Generator().manual_seed(50 + seed))
+        got = []
+        for k in kernels:
+            torch.manual_seed(100 + seed)
+            got.append(k.learn(b, w))
+        outs.append(got)
+    return outs
+
+
+@pytest.mark.parametrize("name,settings", BITS, ids=["dqn", "double", "ddpg", "td3", "td3-rows", "td3-noclip", "sac",
+                                                      "crossq"])
+def test_one_and_two_lanes_give_the_same_bits(name, settings):
+    """A head splits a batch into fixed row blocks (and TD3's and CrossQ's critics into a task each) that the lanes
+    take as they come, each block's partial gradient summed in block order: one lane and two give bit-identical
+    |TD|, parameters, targets, optimizer states (so a run may change its threads mid-run); and the result is the
+    public learn's within float tolerance. B = 64 rows: four blocks."""
+    critic_lanes = settings.pop("critic_lanes", True)
+    k1, f1, ref = _pair(name, 1, critic_lanes=critic_lanes, **settings)
+    k2, f2, _ = _pair(name, 2, critic_lanes=critic_lanes, **settings)
+    assert k1.path == k2.path == "head" and k1.threads_exact and k2.threads_exact
+    for one, two, want in _phases([k1, k2, ref], name):
+        assert torch.equal(one, two)
+        torch.testing.assert_close(one, want, rtol=1e-5, atol=1e-5)
+    assert k2.figures()["lanes"] == 2
+
+    def same(a, b, where):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), where
+        elif isinstance(a, dict):
+            assert a.keys() == b.keys(), where
+            for key in a:
+                same(a[key], b[key], f"{where}.{key}")
+        else:
+            assert a == b, where
+    same(f1.state_dict(), f2.state_dict(), name)
+    _same_state(f1, ref)
+
+
+@pytest.mark.parametrize("name,settings", [("dqn", {}), ("ddpg", {}), ("td3", {"policy_delay": 2}), ("sac", {}),
+                                           ("sac", {"ent_coef": "0.1"}), ("crossq", {"policy_delay": 2})],
+                         ids=["dqn", "ddpg", "td3", "sac", "sac-fixed-alpha", "crossq"])
+def test_the_heads_write_the_losses_the_public_learn_writes(name, settings):
+    """The algorithm's `stats` after a head's phase (SB3's train/ scalars: DQN's loss, the actor's and critics'
+    losses, SAC's and CrossQ's ent_coef and, where alpha is learned, ent_coef_loss) are the public learn's, within
+    float tolerance: the same keys, the last step's values (a delayed actor's from its last delayed step)."""
+    kernel, fast, ref = _pair(name, 2, **settings)
+    for phases in (((3, 0),), ((1, 1),)):   # (TD3, CrossQ: the second phase has no delayed step)
+        _phases([kernel, ref], name, phases)
+        assert fast.stats.keys() == ref.stats.keys()
+        for key, want in ref.stats.items():
+            got = fast.stats[key]
+            assert got.shape == want.shape and got.dtype == want.dtype, key
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert ("ent_coef_loss" in fast.stats) == (name in ("sac", "crossq") and "ent_coef" not in settings)
+
+
+def test_the_lane_guard_drops_to_one_lane_while_two_are_slower_and_tries_again_later():
+    """LaneGuard, fed phase times: a one-lane probe first; two lanes while they are faster than the one-lane
+    estimate; a phase on two lanes slower than it runs the next ones on one lane for a hold that doubles with each
+    stall in a row (up to a bound), then two again; a probe on one lane every PROBE_S seconds."""
+    from hetrl.kernels.compiled.kernel import LaneGuard
+
+    g, key = LaneGuard(), (2, 256)
+    assert g.lanes(1, key, 0.0) == 1 and g.lanes(2, key, 0.0) == 1   # the probe
+    g.record(1, key, 0.010, 0.0)
+    assert g.lanes(2, key, 0.1) == 2
+    g.record(2, key, 0.006, 0.1)   # faster: two lanes go on
+    assert g.lanes(2, key, 0.2) == 2 and g.fallbacks == 0
+    g.record(2, key, 0.030, 0.2)   # a partner lane descheduled: one lane for HOLD_MIN
+    assert g.fallbacks == 1 and g.lanes(2, key, 0.2 + 0.5 * g.HOLD_MIN) == 1
+    assert g.lanes(2, key, 0.2 + 1.01 * g.HOLD_MIN) == 2
+    t = 0.2 + 1.01 * g.HOLD_MIN
+    g.record(2, key, 0.030, t)     # still slower: a hold twice as long
+    assert g.lanes(2, key, t + 1.5 * g.HOLD_MIN) == 1 and g.lanes(2, key, t + 2.01 * g.HOLD_MIN) == 2
+    for _ in range(10):
+        g.record(2, key, 0.030, t)
+    assert g.hold == g.HOLD_MAX
+    g.record(2, key, 0.005, t)     # quiet again: the hold starts over
+    assert g.hold == g.HOLD_MIN
+    assert g.lanes(2, key, g.solo_until + g.PROBE_S + 1.0) == 1   # the estimate is stale: a probe
+    assert g.lanes(2, (2, 64), g.solo_until + 0.01) == 1          # another shape has no estimate yet
 
 
 CROSSQ = [({}, 1), ({"activation": "tanh", "layer_norm": True, "renorm_warmup_steps": 4}, 2),
@@ -586,7 +679,7 @@ algo = make_algorithm(make_config("dqn", "CartPole-v1", {"net_arch": [8]}), gym.
                       gym.spaces.Discrete(2))
 sgemm.bind(sys.argv[1])
 blas_before = blas()
-k = CompiledKernel(algo, gemm=sys.argv[1])   # compiles: numba's first parallel launch
+k = CompiledKernel(algo, gemm=sys.argv[1], lane_guard=False)   # compiles: numba's first parallel launch
 compiled = torch.get_num_threads()
 torch.set_num_threads(2)
 before = (2, numba.get_num_threads(), blas_before)

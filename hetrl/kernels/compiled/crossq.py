@@ -2,8 +2,9 @@
 actor, and the entropy coefficient, in the order of hetrl/algos/crossq.py (the reference, whose docstring has
 the formulas):
 
-    a' ~ pi(.|s')                                   the actor's body on its running statistics (rows over lanes)
-    [Q_c(s, a_buf); Q_c(s', a')]                    each critic in training mode on the 2B rows at once (a lane
+    a' ~ pi(.|s')                                   the actor's body on its running statistics (fixed row blocks
+                                                    taken by the lanes)
+    [Q_c(s, a_buf); Q_c(s', a')]                    each critic in training mode on the 2B rows at once (a task
                                                     per critic: the batch statistics need all the rows)
     y  = r + gamma**n (1 - terminated) (min_c Q_c(s', a') - alpha log pi(a'|s'))          (a constant)
     critics = 0.5 mean(w (Q_1(s, a_buf) - y)^2) + 0.5 mean(w (Q_2(s, a_buf) - y)^2)     (back through the batch
@@ -13,7 +14,9 @@ the formulas):
 
 The batch renormalisation layers' running statistics and pass counts (module buffers) are copied into a state
 array per network before a phase and back after it (layers.brn_state); the Gaussian draws come from the
-algorithm's generator in the eager order (s' every step, then s on a delayed step).
+algorithm's generator in the eager order (s' every step, then s on a delayed step). The tasks do not depend on the
+number of lanes, which take them from ticket counters: the same bits on any number of lanes. The last step's losses
+and alpha are the algorithm's `stats`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from hetrl.kernels.compiled.layers import (
     compile_layers,
     param_offsets,
 )
+from hetrl.kernels.compiled.optim import blocks
 
 try:
     import numba
@@ -53,7 +57,7 @@ try:
         mat,
         tape,
     )
-    from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam
+    from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, n_blocks, ticket
     from hetrl.kernels.compiled.sac import _heads_grad, _squashed
 except ImportError:  # pragma: no cover
     numba = None
@@ -154,10 +158,10 @@ class CrossQHead(Head):
         self.cops = np.ascontiguousarray(np.stack([c.ops for c in self.critics]))
         self.alpha = Alpha(algo)
 
-    def _sizes(self, B: int, nl: int) -> tuple[int, int, int]:
-        """Floats of the workspaces: a lane's of the next actions, the actor step's, a critic's."""
+    def _sizes(self, B: int) -> tuple[int, int, int]:
+        """Floats of the workspaces: a lane's of the next actions (a row block's), the actor step's, a critic's."""
         a, c, A = self.body, self.critics[0], self.algo.act_dim
-        rn = -(-B // nl)
+        rn = -(-B // blocks(B))
         return (a.floats(rn, grads=False) + 3 * rn * A + 256, a.floats(B) + B * (8 * A + a.n_out + a.n_in) + 256,
                 c.floats(2 * B) + 2 * B + 256)
 
@@ -181,20 +185,29 @@ class CrossQHead(Head):
             if (algo.updates + k + 1) % delay == 0:
                 eps_pi[k] = torch.randn(B, A, generator=g)
         a, c, al, hp = self._args()
-        nn_, na_, nc_ = self._sizes(B, nl)
-        nws, aws, cws = self.buffers((B, nl), lambda: (np.zeros((nl, nn_), np.float32), np.zeros(na_, np.float32),
+        nn_, na_, nc_ = self._sizes(B)
+        nws, aws, cws = self.buffers((B, nl, nn_, na_, nc_), lambda: (np.zeros((nl, nn_), np.float32), np.zeros(na_, np.float32),
                                                        np.zeros((2, nc_), np.float32)))
         self.astates.load(self.astate)
         self.cstates.load(self.cstate)
+        losses = np.full(4, np.nan, np.float32)
         with torch.no_grad():
             td = np.empty((K, B), np.float32)
             algo.updates = int(phase(
                 f32(b["obs"], K, B), f32(b["action"], K, B), f32kb(b["reward"]), f32(b["next_obs"], K, B),
                 discount_of(b, algo.cfg.gamma), f32kb(weights), eps_pi.numpy(), eps_next.numpy(), self.body.ops,
                 self.body.fc, self.heads, self.cops, self.critics[0].fc, *a, self.astate, *c, self.cstate, *al,
-                self.alpha.learned, hp, int(algo.updates), delay, nws, aws, cws, td))
+                self.alpha.learned, hp, int(algo.updates), delay, nl, nws, aws, cws, td, losses))
         self.astates.store(self.astate)
         self.cstates.store(self.cstate)
+        # the last step's, as learn leaves them (the actor's and alpha's: their last delayed step's)
+        stats = {**getattr(algo, "stats", {}), "critic_loss": torch.tensor(losses[0]),
+                 "ent_coef": torch.tensor(losses[2]).reshape(algo.log_alpha.shape)}
+        if not np.isnan(losses[1]):
+            stats["actor_loss"] = torch.tensor(losses[1])
+        if not np.isnan(losses[3]):
+            stats["ent_coef_loss"] = torch.tensor(losses[3])
+        algo.stats = stats
         return torch.from_numpy(td)
 
     def warm(self, nl: int) -> None:
@@ -202,22 +215,22 @@ class CrossQHead(Head):
         a, c, al = [x.copy() for x in a], [x.copy() for x in c], [x.copy() for x in al]
         K, B, A, d = 1, 2, self.algo.act_dim, self.body.n_in
         o, act, z = np.zeros((K, B, d), np.float32), np.zeros((K, B, A), np.float32), np.zeros((K, B), np.float32)
-        nn_, na_, nc_ = self._sizes(B, 1)
+        nn_, na_, nc_ = self._sizes(B)
         phase(o, act, z, o, z + 1, z + 1, act, act.copy(), self.body.ops, self.body.fc, self.heads, self.cops,
-              self.critics[0].fc, *a, self.astate.copy(), *c, self.cstate.copy(), *al, True, hp, 0, 1,
-              np.zeros((1, nn_), np.float32), np.zeros(na_, np.float32), np.zeros((2, nc_), np.float32),
-              np.empty((K, B), np.float32))
+              self.critics[0].fc, *a, self.astate.copy(), *c, self.cstate.copy(), *al, True, hp, 0, 1, nl,
+              np.zeros((nl, nn_), np.float32), np.zeros(na_, np.float32), np.zeros((2, nc_), np.float32),
+              np.empty((K, B), np.float32), np.zeros(4, np.float32))
 
 
 if numba is not None:
     # Calls in a prange body pass the lane as int64 (see actor_critic.py).
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _next_rows(c, nl, k, next_obs, eps_next, aops, afc, heads, actor, astate, ws, na, nlogp):  # pragma: no cover
-        """Lane c of nl: rows lo:hi of a' ~ pi(.|s') and its log-prob, the actor on its running statistics."""
+    def _next_rows(b, nb, k, next_obs, eps_next, aops, afc, heads, actor, astate, ws, na, nlogp):  # pragma: no cover
+        """Row block b of nb: rows lo:hi of a' ~ pi(.|s') and its log-prob, the actor on its running statistics."""
         _, B, _ = next_obs.shape
         A = na.shape[1]
-        lo, hi = c * B // nl, (c + 1) * B // nl
+        lo, hi = b * B // nb, (b + 1) * B // nb
         R = hi - lo
         pos = np.zeros(1, np.int64)
         t = tape(ws, pos, aops, R)
@@ -245,12 +258,14 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def _critics(nl, cops, cfc, critic, cgrad, cstate, x, cws, q, g, train, back, gact, do):  # pragma: no cover
-        """_critic for both critics, a lane each where there are two lanes; an input gradient's action columns
-        into gact[cc]."""
-        n = min(nl, 2)
-        for c in numba.prange(n):
-            lane = np.int64(c)
-            for cc in range(lane, 2, n):
+        """_critic for both critics, a task each (on its own workspace) that nl lanes take from a ticket counter; an
+        input gradient's action columns into gact[cc]."""
+        counter = np.zeros(1, np.int64)
+        for c in numba.prange(min(nl, 2)):
+            while True:
+                cc = ticket(counter)
+                if cc >= 2:
+                    break
                 gin = _critic(cc, cops, cfc, critic, cgrad, cstate, x, cws[cc], q, g, train, back)
                 if back and not train:
                     for i in range(x.shape[0]):
@@ -277,6 +292,9 @@ if numba is not None:
         gact = np.empty((2, B, A), np.float32)
         _critics(nl, cops, cfc, critic, cgrad, cstate, xq, cws, q, g, False, False, gact, do)
         one, Bf = np.float32(1.0), np.float32(B)
+        loss = np.float32(0.0)   # mean(alpha log pi - min(Q_1, Q_2)), the algorithm's actor_loss
+        for i in range(B):
+            loss += (alpha * logp[i] - min(q[0, i], q[1, i])) / Bf
         for cc in range(2):
             for i in range(B):  # torch.min's gradient: to the smaller, halved on a tie
                 v, other = q[cc, i], q[1 - cc, i]
@@ -287,17 +305,20 @@ if numba is not None:
                 ga[i, j] = gact[0, i, j] + gact[1, i, j]
         _heads_grad(ga, a, lsr, eps_pi[k], alpha / Bf, t[3 * aops.shape[0] - 3], heads, actor, agrad, dmean, dls, dh)
         backward_with(aops, actor, agrad, xo, t, gb, dh, True, False, astate, True)
+        return loss
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def phase(obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads, cops, cfc,
               actor, agrad, am, av, astep, astate, critic, cgrad, cm, cv, cstep, cstate,
-              log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, updates, delay, nws, aws, cws,
-              td_out):  # pragma: no cover - compiled
-        """K steps of CrossQ with the Gaussian noise given (eps_next: a' every step; eps_pi: a on the delayed
-        steps); returns the update count."""
+              log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, updates, delay, nl, nws, aws, cws,
+              td_out, losses):  # pragma: no cover - compiled
+        """K steps of CrossQ on nl lanes with the Gaussian noise given (eps_next: a' every step; eps_pi: a on the
+        delayed steps); returns the update count. losses: the last step's critic loss and alpha, the last delayed
+        step's actor and alpha losses (left as they are where none)."""
         K, B, do = obs.shape
         A = action.shape[2]
-        nl = nws.shape[0]
+        nb = n_blocks(B)
+        counter = np.zeros(K, np.int64)
         alr, clr, b1, b2, eps, max_norm, te = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
         al_lr, al_b1, al_b2, al_eps = hp[7], hp[8], hp[9], hp[10]
         x2 = np.empty((2 * B, do + A), np.float32)
@@ -310,21 +331,29 @@ if numba is not None:
             alpha = np.float32(np.exp(log_alpha[0]))  # before this step's alpha update
             for c in numba.prange(nl):
                 lane = np.int64(c)
-                _next_rows(lane, nl, k, next_obs, eps_next, aops, afc, heads, actor, astate, nws[lane], na, nlogp)
+                while True:
+                    b = ticket(counter[k:k + 1])
+                    if b >= nb:
+                        break
+                    _next_rows(b, nb, k, next_obs, eps_next, aops, afc, heads, actor, astate, nws[lane], na, nlogp)
             cat(obs[k], action[k], x2[:B])
             cat(next_obs[k], na, x2[B:])
             _critics(nl, cops, cfc, critic, cgrad, cstate, x2, cws, q, g, True, False, gact, do)
+            l1, l2, half = np.float32(0.0), np.float32(0.0), np.float32(0.5)
             for i in range(B):
                 y = reward[k, i] + discount[k, i] * (min(q[0, B + i], q[1, B + i]) - alpha * nlogp[i])
                 td1, td2 = q[0, i] - y, q[1, i] - y
                 td_out[k, i] = (abs(td1) + abs(td2)) * np.float32(0.5)
+                l1 += half * weight[k, i] * td1 * td1 / Bf
+                l2 += half * weight[k, i] * td2 * td2 / Bf
                 g[0, i] = weight[k, i] * td1 / Bf    # 0.5 mean(w td^2)'s gradient; the s' half's stays 0
                 g[1, i] = weight[k, i] * td2 / Bf
             _critics(nl, cops, cfc, critic, cgrad, cstate, x2, cws, q, g, True, True, gact, do)
             lanes_clip_adam(critic, cgrad, none_c, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+            losses[0], losses[2] = l1 + l2, alpha
             updates += 1
             if updates % delay == 0:
-                _actor_step(k, obs, eps_pi, aops, afc, heads, cops, cfc, actor, agrad, astate, critic, cgrad, cstate,
+                losses[1] = _actor_step(k, obs, eps_pi, aops, afc, heads, cops, cfc, actor, agrad, astate, critic, cgrad, cstate,
                             alpha, nl, aws, cws, logp)
                 lanes_clip_adam(actor, agrad, none_a, nl, am, av, astep, alr, b1, b2, eps, max_norm)
                 if learn_alpha:
@@ -332,5 +361,6 @@ if numba is not None:
                     for i in range(B):
                         s += logp[i] + np.float32(te)
                     galpha[0] = -s / Bf
+                    losses[3] = log_alpha[0] * galpha[0]   # the alpha loss, at log_alpha before its step
                     clip_adam(log_alpha, galpha, alm, alv, alstep, al_lr, al_b1, al_b2, al_eps, 0.0)
         return updates

@@ -4,8 +4,9 @@
                                                            a' = argmax Q(s')         (double: the current net)
 
 The target network is fixed during a phase, so Q_target(s') of all K batches comes from one pass over the
-K B rows (split over the lanes, in chunks that stay in cache); then per step the forward, the Huber loss's
-gradient w * clip(td, -1, 1) / B at the taken action, the backward, the clip and Adam.
+K B rows (in fixed chunks that stay in cache, taken by the lanes); then per step, over fixed row blocks taken by
+the lanes, the forward, the Huber loss's gradient w * clip(td, -1, 1) / B at the taken action and the backward
+(a block's partial gradient in its own slot), the clip and Adam. The last step's loss is the algorithm's `stats`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from hetrl.kernels.compiled.head import (
     vector_obs,
 )
 from hetrl.kernels.compiled.layers import Program
+from hetrl.kernels.compiled.optim import blocks
 
 try:
     import numba
 
     from hetrl.kernels.compiled.layers import backward, forward, grad_buffers, mat, tape
-    from hetrl.kernels.compiled.optim import lanes_clip_adam
+    from hetrl.kernels.compiled.optim import lanes_clip_adam, ticket
 except ImportError:  # pragma: no cover
     numba = None
 
@@ -60,18 +62,23 @@ class DQNHead(Head):
         self.q: Program = p["q"]
         self.opt = p["opt"]
 
+    def _need(self, rows: int) -> int:
+        return max(self.q.floats(rows) + rows * (self.q.n_out + 1), self.q.floats(CHUNK, grads=False)) + 64
+
     def _lane_buffers(self, B: int, nl: int, n: int) -> tuple:
+        """The lanes' workspaces (one per lane, for a block's rows) and the row blocks' partial gradients (one slot
+        per block after the first, which writes the optimizer's)."""
         def make():
-            rows = -(-B // nl)
-            need = max(self.q.floats(rows) + rows * (self.q.n_out + 1), self.q.floats(CHUNK, grads=False)) + 64
-            return np.zeros((nl, need), np.float32), np.zeros((nl - 1, n), np.float32)
-        return self.buffers((B, nl, n), make)
+            nb = blocks(B)
+            return (np.zeros((nl, self._need(-(-B // nb))), np.float32), np.zeros((nb - 1, n), np.float32),
+                    np.zeros(B, np.float32))
+        return self.buffers((B, nl, n, blocks(B)), make)
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor, nl: int) -> torch.Tensor:
         algo, b = self.algo, batches
         K, B = weights.shape
         (flat, grad, m, v, step), (lr, beta1, beta2, eps) = self.opt.get()
-        ws, lane_g = self._lane_buffers(B, nl, flat.shape[0])
+        ws, slots, rows = self._lane_buffers(B, nl, flat.shape[0])
         with torch.no_grad():
             target_flat = algo.q_target_flat.numpy()   # (the target's parameters are views of it)
             td = np.empty((K, B), np.float32)
@@ -79,21 +86,22 @@ class DQNHead(Head):
             phase(f32(b["obs"], K, B), np.ascontiguousarray(b["action"].numpy(), np.int64), f32kb(b["reward"]),
                   f32(b["next_obs"], K, B), discount_of(b, algo.cfg.gamma), f32kb(weights), self.q.ops, self.q.fc,
                   flat, target_flat, bool(algo.cfg.double), grad, m, v, step, lr, beta1, beta2, eps,
-                  float(algo.opt.max_grad_norm), ws, lane_g, next_q, td)
+                  float(algo.opt.max_grad_norm), nl, ws, slots, next_q, td, rows)
         algo.updates += K
+        algo.stats = {"loss": torch.tensor(_sum(rows))}   # mean(w huber(td)) of the last step, as learn's
         return torch.from_numpy(td).abs_()
 
     def warm(self, nl: int) -> None:
         (flat, grad, m, v, step), (lr, beta1, beta2, eps) = self.opt.get()
         K, B, d = 1, 2, self.q.n_in
         c = [x.copy() for x in (flat, grad, m, v, step)]
-        ws, lane_g = np.zeros((nl, self.q.floats(CHUNK) + 64), np.float32), np.zeros((nl - 1, flat.shape[0]), np.float32)
+        ws, slots = np.zeros((nl, self._need(B)), np.float32), np.zeros((0, flat.shape[0]), np.float32)
         z = np.zeros((K, B), np.float32)
         for double in (False, True):
             phase(np.zeros((K, B, d), np.float32), np.zeros((K, B), np.int64), z, np.zeros((K, B, d), np.float32),
                   z + 1, z + 1, self.q.ops, self.q.fc, c[0], c[0].copy(), double, c[1], c[2], c[3], c[4],
-                  lr, beta1, beta2, eps, 1.0, ws, lane_g, np.empty((K, B, self.q.n_out), np.float32),
-                  np.empty((K, B), np.float32))
+                  lr, beta1, beta2, eps, 1.0, nl, ws, slots, np.empty((K, B, self.q.n_out), np.float32),
+                  np.empty((K, B), np.float32), np.zeros(B, np.float32))
 
 
 if numba is not None:
@@ -106,11 +114,20 @@ if numba is not None:
             nq[s:e] = forward(ops, fc, target_flat, nxt[s:e], tape(ws, pos, ops, e - s))
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _lane(c, nl, k, obs, action, reward, discount, weight, ops, fc, flat, grad, double, next_q, next_obs, ws,
-              td_out):  # pragma: no cover - compiled
-        """Lane c of nl of update k: rows lo:hi of the batch, the loss's gradient into the lane's `grad`."""
+    def _sum(x):  # pragma: no cover - compiled
+        """x's sum in row order, in float32 (as the loss's mean reduces its rows, up to the order of additions)."""
+        s = np.float32(0.0)
+        for i in range(x.shape[0]):
+            s += x[i]
+        return s
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _block(b, nb, k, obs, action, reward, discount, weight, ops, fc, flat, grad, double, next_q, next_obs, ws,
+               td_out, rows):  # pragma: no cover - compiled
+        """Row block b of nb of update k: rows lo:hi of the batch, the loss's gradient into the block's `grad`, each
+        row's share of the loss w huber(td) / B into rows."""
         _, B = action.shape
-        lo, hi = c * B // nl, (c + 1) * B // nl
+        lo, hi = b * B // nb, (b + 1) * B // nb
         R = hi - lo
         n = ops.shape[0]
         A = ops[n - 1, 2]
@@ -118,7 +135,7 @@ if numba is not None:
         t = tape(ws, pos, ops, R)
         gs = grad_buffers(ws, pos, ops, R)
         g, target = mat(ws, pos, R, A), mat(ws, pos, 1, R)[0]
-        one = np.float32(1.0)
+        one, half, Bf = np.float32(1.0), np.float32(0.5), np.float32(B)
         q = t[3 * n - 3]
         if double:  # a' from the online net as it is now
             forward(ops, fc, flat, next_obs[k, lo:hi], t)
@@ -135,23 +152,38 @@ if numba is not None:
             ai = action[k, lo + i]
             td = q[i, ai] - target[i]
             td_out[k, lo + i] = td
-            g[i, ai] = weight[k, lo + i] * min(max(td, -one), one) / np.float32(B)
+            w = weight[k, lo + i]
+            g[i, ai] = w * min(max(td, -one), one) / Bf
+            a = abs(td)
+            rows[lo + i] = w * (half * td * td if a < one else a - half) / Bf
         backward(ops, flat, grad, x, t, gs, g, True, False)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def phase(obs, action, reward, next_obs, discount, weight, ops, fc, flat, target_flat, double, grad, exp_avg,
-              exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, ws, lane_g, next_q, td_out):  # pragma: no cover
-        """K updates; td_out[k] = Q(s)[a] - y. Lane 0 writes `grad`, lane c > 0 lane_g[c - 1]."""
+              exp_avg_sq, step, lr, beta1, beta2, eps, max_norm, nl, ws, slots, next_q, td_out,
+              rows):  # pragma: no cover
+        """K updates on nl lanes; td_out[k] = Q(s)[a] - y, rows: the last update's loss per row. Row block 0 writes
+        `grad`, block b > 0 slots[b - 1]; the lanes take chunks and blocks from ticket counters."""
         K, B = action.shape
-        nl = ws.shape[0]
+        nb = slots.shape[0] + 1
         D, A = next_obs.shape[2], next_q.shape[2]
         nxt, nq = next_obs.reshape((K * B, D)), next_q.reshape((K * B, A))
+        counter = np.zeros(K + 1, np.int64)
+        chunks = -(-(K * B) // CHUNK)
         for c in numba.prange(nl):
             lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
-            _target_rows(ops, fc, target_flat, nxt, nq, lane * K * B // nl, (lane + 1) * K * B // nl, ws[lane])
+            while True:
+                s = ticket(counter[0:1])
+                if s >= chunks:
+                    break
+                _target_rows(ops, fc, target_flat, nxt, nq, s * CHUNK, min((s + 1) * CHUNK, K * B), ws[lane])
         for k in range(K):
             for c in numba.prange(nl):
                 lane = np.int64(c)
-                _lane(lane, nl, k, obs, action, reward, discount, weight, ops, fc, flat,
-                      grad if lane == 0 else lane_g[lane - 1], double, next_q, next_obs, ws[lane], td_out)
-            lanes_clip_adam(flat, grad, lane_g, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)
+                while True:
+                    b = ticket(counter[k + 1:k + 2])
+                    if b >= nb:
+                        break
+                    _block(b, nb, k, obs, action, reward, discount, weight, ops, fc, flat,
+                           grad if b == 0 else slots[b - 1], double, next_q, next_obs, ws[lane], td_out, rows)
+            lanes_clip_adam(flat, grad, slots, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_norm)

@@ -2,10 +2,12 @@
 
 A head is one algorithm's loss on the compiled pieces (layers.py) and the one optimizer (optim.py): it finds
 its algorithm's networks and compiles each into a program (or declines with one line), and runs a phase of K
-updates as one numba call on the algorithm's own buffers. The batch's rows are split over the learner's threads
-as *lanes*: lane c takes rows c B / n .. (c + 1) B / n through the whole forward and backward of a step on its
-own workspace, lane 0 writing the optimizer's gradient buffer and lane c > 0 a partial one, summed before the
-step (the losses stay means over the whole batch).
+updates as one numba call on the algorithm's own buffers. The batch's rows are split into fixed row blocks
+(optim.blocks: a function of B only) that the learner's threads, its *lanes*, take from a ticket counter as they
+come: a block runs its rows through the whole forward and backward of a step, block 0 writing the optimizer's
+gradient buffer and block b > 0 a slot of its own, summed in block order before the step (the losses stay means
+over the whole batch). The tasks and the order of the sums do not depend on the lanes: one lane and two give the
+same bits.
 
 A lane's workspace is scratch (a phase writes each part before reading it), so the heads of one class share
 theirs per thread: the members of a population, learning one after another on a thread, hold one set between

@@ -26,11 +26,6 @@ try:
 except ImportError:  # pragma: no cover
     numba = None
 
-# the built-in algorithms' classes, by name, and their heads' modules
-HEADS = {"DQN": ("dqn", "DQNHead"), "DDPG": ("actor_critic", "ActorCriticHead"),
-         "TD3": ("actor_critic", "ActorCriticHead"), "SAC": ("sac", "SACHead"), "CrossQ": ("crossq", "CrossQHead")}
-
-
 def available() -> str | None:
     """None where numba and scipy (OpenBLAS, one of the two GEMMs) import; else why not."""
     if numba is None:
@@ -100,21 +95,71 @@ def derived_check(algo) -> str | None:
     return None
 
 
+class LaneGuard:
+    """A stall detector for a phase's lanes. A lane whose core another process holds makes the others wait for the
+    task it is in; where that makes a phase on n lanes slower than the last estimate of the same phase on one lane,
+    the phases run on one lane for a while (`hold` seconds, doubled at each stall in a row up to HOLD_MAX) and then
+    try n lanes again. A phase on one lane at least every PROBE_S seconds keeps the estimate fresh. Safe because a
+    phase's results do not depend on its lanes (fixed tasks, summed in a fixed order)."""
+
+    PROBE_S = 2.0
+    HOLD_MIN, HOLD_MAX = 0.25, 8.0
+    KEEP = 5          # one-lane times kept per shape (their median is the estimate)
+
+    def __init__(self):
+        self.one: dict[tuple, list[float]] = {}
+        self.probed: dict[tuple, float] = {}
+        self.solo_until = 0.0
+        self.hold = self.HOLD_MIN
+        self.fallbacks = 0
+
+    def lanes(self, n: int, key: tuple, now: float) -> int:
+        """The lanes the next phase of shape `key` runs on, of the n asked for."""
+        if n <= 1 or now < self.solo_until:
+            return 1 if n > 1 else n
+        if key not in self.one or now - self.probed.get(key, 0.0) > self.PROBE_S:
+            return 1   # (a probe: the one-lane estimate)
+        return n
+
+    def estimate(self, key: tuple) -> float | None:
+        got = self.one.get(key)
+        return sorted(got)[len(got) // 2] if got else None
+
+    def record(self, n: int, key: tuple, seconds: float, now: float) -> None:
+        if n <= 1:
+            kept = self.one.setdefault(key, [])
+            kept.append(seconds)
+            del kept[:-self.KEEP]
+            self.probed[key] = now
+            return
+        one = self.estimate(key)
+        if one is not None and seconds > one:
+            self.solo_until = now + self.hold
+            self.hold = min(2 * self.hold, self.HOLD_MAX)
+            self.fallbacks += 1
+        else:
+            self.hold = self.HOLD_MIN
+
+
 class CompiledKernel(Kernel):
     """algo.learn(batches, weights) as one compiled call per phase (see the module's docstring).
 
     gemm: "mkl" | "openblas" | None (time both now, once per process; HETRL_SGEMM pins over either).
-    critic_lanes: TD3 on two threads runs a critic per lane (False: the batch's rows split, as the others)."""
+    critic_lanes: TD3's critics run a task each on the whole batch (False: row blocks through both, as the others).
+    lane_guard: drop to one lane while several are slower (LaneGuard; False: always the learner's threads)."""
 
     name = "compiled"
     releases_gil = True      # a phase is numba code compiled with nogil: a population's members learn side by side
+    # both paths run fixed tasks (row blocks, critics, parameter spans) summed in a fixed order: the same bits on any
+    # number of lanes (an algorithm the derived phase declines runs the public learn: False on that kernel)
+    threads_exact = True
 
     @classmethod
     def side_by_side(cls) -> bool:
         return threadsafe_layer() is None
 
     def __init__(self, algo, gemm: str | None = None, critic_lanes: bool = True, path: str | None = None,
-                 **options):
+                 lane_guard: bool = True, **options):
         why = self.check(algo) if path is None else self.check_path(algo, path)
         if why:
             raise ValueError(f"the compiled kernel does not take this algorithm: {why}")
@@ -134,8 +179,7 @@ class CompiledKernel(Kernel):
         self.path = path or self.path_for(algo)
         self.head = head_class(algo)(algo, critic_lanes=critic_lanes, **options) if self.path == "head" else None
         self.derived = Derived(algo) if self.path == "derived" else None
-        # the derived phase's rows run in fixed blocks summed in a fixed order: the same bits on any thread count
-        self.threads_exact = self.path == "derived"
+        self.guard = LaneGuard() if lane_guard else None
         self.declined = None
         self.threads = 0                # the learner's threads (use_threads); 0: torch's count
         self._torch_threads: int | None = None   # torch's count before use_threads set it to one
@@ -182,7 +226,16 @@ class CompiledKernel(Kernel):
         return max(1, min(int(n), int(B), numba.config.NUMBA_NUM_THREADS))
 
     def learn(self, batches: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
-        nl = self._lanes = self.lanes(weights.shape[1])
+        nl = self.lanes(weights.shape[1])
+        if self.head is not None and self.guard is not None:
+            key, now = tuple(weights.shape), time.perf_counter()
+            nl = self._lanes = self.guard.lanes(nl, key, now)
+            self._numba_threads(nl)
+            td = self.head.learn(batches, weights, nl)
+            end = time.perf_counter()
+            self.guard.record(nl, key, end - now, end)
+            return td
+        self._lanes = nl
         self._numba_threads(nl)
         if self.head is not None:
             return self.head.learn(batches, weights, nl)
@@ -251,13 +304,16 @@ class CompiledKernel(Kernel):
 
     def figures(self) -> dict:
         """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_note": why not the one
-        asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows"}."""
+        asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows", "lane_fallbacks":
+        the times a phase on several lanes was slower than on one and the next ran on one (where any)}."""
         out = {"gemm": self.gemm, "lanes": self._lanes}
         if sgemm.note() or self._gemm_note:
             out["gemm_note"] = self._gemm_note or sgemm.note()
         out["path"] = self.path
         if self.head is not None and self.head.lane_split:
             out["lane_split"] = self.head.lane_split
+        if self.guard is not None and self.guard.fallbacks:
+            out["lane_fallbacks"] = self.guard.fallbacks
         if self.declined:
             out["declined"] = self.declined
         return out

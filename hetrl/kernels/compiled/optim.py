@@ -4,7 +4,8 @@ They work in place on the algorithm's own buffers: a FlatAdam's parameter and gr
 torch.optim.Adam's state (exp_avg, exp_avg_sq, step), so checkpoints, publishing and the public learn see one
 state. The formulas are torch's: `clip_grad_norm_` (g *= min(1, max_norm / (||g|| + 1e-6))) and the fused CPU
 Adam (lerp the first moment, bias-correct, w -= step_size m / (sqrt(v) / sqrt(bc2) + eps)); `Lanes*` run them
-with the parameters split over the kernel's lanes after summing the lanes' partial gradients.
+with the parameters split into fixed spans that the kernel's lanes take from a ticket counter, after summing the row
+blocks' partial gradients in block order: the same bits on any number of lanes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,21 @@ import torch
 
 try:
     import numba
+
+    from hetrl.kernels.compiled.vm import atomic_add
 except ImportError:  # pragma: no cover
     numba = None
+
+SPAN = 8192      # parameters per span of a lanes' Adam step (at most MAX_SPANS spans), a function of the size only
+MAX_SPANS = 16
+BLOCK_ROWS = 16  # a row block's least rows
+MAX_BLOCKS = 4   # row blocks per batch: few, so that the blocks' partial gradients cost little to sum
+
+
+def blocks(B: int) -> int:
+    """The row blocks a batch of B rows is split into: a function of B only (never of the lanes), so that the
+    partial gradients, summed in block order, are the same bits on any number of lanes."""
+    return max(1, min(MAX_BLOCKS, B // BLOCK_ROWS))
 
 
 class AdamViews:
@@ -115,22 +129,50 @@ if numba is not None:
                 g[p] += src[p]
         return sum_sq(g)
 
+    @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+    def ticket(counter):  # pragma: no cover - compiled
+        """The next task's number from a region's shared counter (work stealing: a lane takes tasks until none is
+        left, so a lane whose core is taken by another process holds up only the task it is in)."""
+        return atomic_add(counter, 0, 1)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+    def n_blocks(B):  # pragma: no cover - compiled
+        """blocks(B), in compiled code."""
+        return max(1, min(MAX_BLOCKS, B // BLOCK_ROWS))
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+    def n_spans(n):  # pragma: no cover - compiled
+        return max(1, min(MAX_SPANS, n // SPAN))
+
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def lanes_clip_adam(flat, grad, lanes, nl, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps,
                         max_norm):  # pragma: no cover - compiled
-        """clip_adam on the sum of the lanes' gradients (grad += lanes[0 .. nl-2]), the parameters split over nl
-        parallel lanes: each sums its span and its squares, then (after the one clip factor) steps its span. (The
-        loops are in the fastmath helpers, which vectorise: a loop written in a prange body did not, 10x slower.)"""
+        """clip_adam on the sum of the row blocks' gradients (grad += lanes[0], lanes[1], ... in that order), the
+        parameters split into fixed spans (n_spans: a function of the size only) that nl parallel lanes take from a
+        ticket counter: each sums its span and its squares, then (after the one clip factor, the spans' squares
+        summed in span order) steps its span. (The loops are in the fastmath helpers, which vectorise: a loop written
+        in a prange body did not, 10x slower.)"""
         n = flat.shape[0]
-        part = np.zeros(nl, np.float32)
+        ns = n_spans(n)
+        part = np.zeros(ns, np.float32)
+        counter = np.zeros(2, np.int64)
         for c in numba.prange(nl):
-            lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
-            part[lane] = _gather_span(grad, lanes, lane * n // nl, (lane + 1) * n // nl)
-        coef = clip_coef(part.sum(), max_norm)
+            while True:
+                s = ticket(counter[0:1])
+                if s >= ns:
+                    break
+                part[s] = _gather_span(grad, lanes, s * n // ns, (s + 1) * n // ns)
+        sq = np.float32(0.0)
+        for s in range(ns):
+            sq += part[s]
+        coef = clip_coef(sq, max_norm)
         consts = adam_consts(step, lr, beta1, beta2)
         for c in numba.prange(nl):
-            lane = np.int64(c)
-            adam_span(flat, grad, exp_avg, exp_avg_sq, lane * n // nl, (lane + 1) * n // nl, coef, consts, eps)
+            while True:
+                s = ticket(counter[1:2])
+                if s >= ns:
+                    break
+                adam_span(flat, grad, exp_avg, exp_avg_sq, s * n // ns, (s + 1) * n // ns, coef, consts, eps)
 
     @numba.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
     def polyak(target, source, tau):  # pragma: no cover - compiled
@@ -147,8 +189,14 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def lanes_polyak(target, source, tau, nl):  # pragma: no cover - compiled
-        """polyak with the parameters split over nl parallel lanes."""
+        """polyak with the parameters in fixed spans taken by nl parallel lanes (elementwise: any split gives the
+        same bits)."""
         n = target.shape[0]
+        ns = n_spans(n)
+        counter = np.zeros(1, np.int64)
         for c in numba.prange(nl):
-            lane = np.int64(c)
-            polyak(target[lane * n // nl:(lane + 1) * n // nl], source[lane * n // nl:(lane + 1) * n // nl], tau)
+            while True:
+                s = ticket(counter)
+                if s >= ns:
+                    break
+                polyak(target[s * n // ns:(s + 1) * n // ns], source[s * n // ns:(s + 1) * n // ns], tau)

@@ -9,7 +9,10 @@ Per step, in the order of hetrl/algos/sac.py (the reference):
     actor       = mean(alpha log pi(a|s) - min(Q_1(s, a), Q_2(s, a)))       (the critics after their step)
     Polyak targets (critics).
 alpha is the value before this step's update; the two Gaussian draws per step come from torch's RNG in the
-eager order. The actor's gradient goes back through min (halved on a tie, as torch's), tanh, the log-prob's
+eager order. The rows run in fixed row blocks (optim.blocks) that the lanes take from ticket counters, each on its
+own workspace (the actor's part reads the actor pass its critics' part kept) and writing its partial gradients into
+its own slots, summed in block order: the same bits on any number of lanes. The last step's losses and alpha are
+the algorithm's `stats`. The actor's gradient goes back through min (halved on a tie, as torch's), tanh, the log-prob's
 2 tanh(u) and the clamped log_std.
 """
 
@@ -33,6 +36,7 @@ from hetrl.kernels.compiled.head import (
     same_layout,
     vector_obs,
 )
+from hetrl.kernels.compiled.optim import blocks
 
 try:
     import numba
@@ -48,7 +52,7 @@ try:
         tanh32,
         tape,
     )
-    from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, lanes_polyak
+    from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, lanes_polyak, ticket
 except ImportError:  # pragma: no cover
     numba = None
 
@@ -89,7 +93,7 @@ class SACHead(Head):
         self.alpha = Alpha(algo)
 
     def _need(self, rows: int) -> int:
-        """Floats of a lane's workspace for `rows` rows (what _carve carves)."""
+        """Floats of a row block's workspace for `rows` rows (what _carve carves)."""
         a, c = self.body, self.critics[0]
         A, H = self.algo.act_dim, a.n_out
         return (2 * a.floats(rows, grads=False) + a.floats(rows) - a.floats(rows, grads=False) + 2 * c.floats(rows)
@@ -111,19 +115,26 @@ class SACHead(Head):
         g = getattr(algo, "rng", None)   # the algorithm's generator, drawn from in learn's order (s, then s')
         noise = torch.stack([torch.randn(B, A, generator=g) for _ in range(2 * K)]).view(K, 2, B, A)
         a, c, al, hp = self._args()
-        rows = -(-B // nl)
-        ws, lane_ag, lane_cg, rb = self.buffers(
-            (B, nl, a[0].shape[0], c[0].shape[0]),
-            lambda: (np.zeros((nl, self._need(rows)), np.float32), np.zeros((nl - 1, a[0].shape[0]), np.float32),
-                     np.zeros((nl - 1, c[0].shape[0]), np.float32), np.zeros((3, B), np.float32)))
+        nb = blocks(B)
+        rows = -(-B // nb)
+        ws, slot_ag, slot_cg, rb = self.buffers(   # a workspace and a gradient slot per row block
+            (B, a[0].shape[0], c[0].shape[0], nb),
+            lambda: (np.zeros((nb, self._need(rows)), np.float32), np.zeros((nb - 1, a[0].shape[0]), np.float32),
+                     np.zeros((nb - 1, c[0].shape[0]), np.float32), np.zeros((6, B), np.float32)))
+        losses = np.zeros(4, np.float32)
         with torch.no_grad():
             td = np.empty((K, B), np.float32)
             phase(f32(b["obs"], K, B), f32(b["action"], K, B), f32kb(b["reward"]), f32(b["next_obs"], K, B),
                   discount_of(b, algo.cfg.gamma), f32kb(weights), np.ascontiguousarray(noise[:, 0].numpy()),
                   np.ascontiguousarray(noise[:, 1].numpy()), self.body.ops, self.body.fc, self.heads, self.cops,
-                  self.critics[0].fc, *a, *c, algo.critic_target_flat.numpy(), *al, self.alpha.learned, hp, ws,
-                  lane_ag, lane_cg, rb, td)
+                  self.critics[0].fc, *a, *c, algo.critic_target_flat.numpy(), *al, self.alpha.learned, hp, nl, ws,
+                  slot_ag, slot_cg, rb, td, losses)
         algo.updates += K
+        # the last step's, as learn leaves them: alpha before its update, the alpha loss where alpha is learned
+        stats = {"ent_coef": torch.tensor(losses[2]).reshape(algo.log_alpha.shape)}
+        if self.alpha.learned:
+            stats["ent_coef_loss"] = torch.tensor(losses[3])
+        algo.stats = {**stats, "actor_loss": torch.tensor(losses[1]), "critic_loss": torch.tensor(losses[0])}
         return torch.from_numpy(td)
 
     def warm(self, nl: int) -> None:
@@ -132,9 +143,9 @@ class SACHead(Head):
         K, B, A, d = 1, 2, self.algo.act_dim, self.body.n_in
         o, act, z = np.zeros((K, B, d), np.float32), np.zeros((K, B, A), np.float32), np.zeros((K, B), np.float32)
         phase(o, act, z, o, z + 1, z + 1, act, act.copy(), self.body.ops, self.body.fc, self.heads, self.cops,
-              self.critics[0].fc, *a, *c, c[0].copy(), *al, True, hp, np.zeros((1, self._need(B)), np.float32),
+              self.critics[0].fc, *a, *c, c[0].copy(), *al, True, hp, nl, np.zeros((1, self._need(B)), np.float32),
               np.zeros((0, a[0].shape[0]), np.float32), np.zeros((0, c[0].shape[0]), np.float32),
-              np.zeros((3, B), np.float32), np.empty((K, B), np.float32))
+              np.zeros((6, B), np.float32), np.empty((K, B), np.float32), np.zeros(4, np.float32))
 
 
 if numba is not None:
@@ -169,7 +180,7 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _carve(ws, R, aops, cops, do, A):  # pragma: no cover - compiled
-        """A lane's matrices for R rows, carved from ws the same way for both parts of a step (the actor's part
+        """A row block's matrices for R rows, carved from ws the same way for both parts of a step (the actor's part
         reads the actor pass the critics' part kept)."""
         H = aops[aops.shape[0] - 1, 2]
         pos = np.zeros(1, np.int64)
@@ -182,13 +193,15 @@ if numba is not None:
         return ta, tn, ga, tc0, tc1, gc, heads, nheads, grads, x, g, qa
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _critic_rows(c, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads,
-                     cops, cfc, actor, critic, cgrad, critic_t, alpha, ws, logp, nlogp, y, td_out):  # pragma: no cover
-        """Lane c of nl of step k, rows lo:hi of the batch: both actions and log-probs, the soft twin-min target,
-        the critics' loss gradient (into the lane's cgrad)."""
+    def _critic_rows(b, nb, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads,
+                     cops, cfc, actor, critic, cgrad, critic_t, alpha, ws, logp, nlogp, y, closs,
+                     td_out):  # pragma: no cover
+        """Row block b of nb of step k, rows lo:hi of the batch: both actions and log-probs, the soft twin-min
+        target, the critics' loss gradient (into the block's cgrad), each row's share of the critics' losses into
+        closs."""
         _, B, do = obs.shape
         A = action.shape[2]
-        lo, hi = c * B // nl, (c + 1) * B // nl
+        lo, hi = b * B // nb, (b + 1) * B // nb
         R = hi - lo
         ta, tn, _, tc0, _, gc, (mean, lsr, u, a), (nmean, nlsr, nu, na), _, x, g, _ = _carve(ws, R, aops, cops,
                                                                                              do, A)
@@ -212,16 +225,18 @@ if numba is not None:
                 td = q[i, 0] - y[lo + i]
                 td_out[k, lo + i] += np.float32(0.5) * abs(td)
                 g[i, 0] = weight[k, lo + i] * td / Bf
+                closs[cc, lo + i] = np.float32(0.5) * weight[k, lo + i] * td * td / Bf
             backward(cops[cc], critic, cgrad, x, tc0, gc, g, True, False)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _actor_rows(c, nl, k, obs, eps_pi, aops, heads, cops, cfc, actor, agrad, critic, cgrad, alpha,
-                    ws):  # pragma: no cover - compiled
-        """Lane c of nl of step k (after the critics' step), rows lo:hi: the gradient of the actor loss
-        mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))) into the lane's agrad, from _critic_rows' actor pass."""
+    def _actor_rows(b, nb, k, obs, eps_pi, aops, heads, cops, cfc, actor, agrad, critic, cgrad, alpha,
+                    ws, logp, aloss):  # pragma: no cover - compiled
+        """Row block b of nb of step k (after the critics' step), rows lo:hi: the gradient of the actor loss
+        mean(alpha log pi(a|s) - min(Q1(s, a), Q2(s, a))) into the block's agrad, from _critic_rows' actor pass
+        (the block's workspace), each row's share of the loss into aloss."""
         _, B, do = obs.shape
         A = eps_pi.shape[2]
-        lo, hi = c * B // nl, (c + 1) * B // nl
+        lo, hi = b * B // nb, (b + 1) * B // nb
         R = hi - lo
         ta, _, ga, tc0, tc1, gc, (_, lsr, _, a), _, (ga_, dmean, dls, dh), x, g, qa = _carve(ws, R, aops, cops,
                                                                                             do, A)
@@ -233,6 +248,7 @@ if numba is not None:
         for i in range(R):
             qa[0, i] = q0[i, 0]
             qa[1, i] = q1[i, 0]
+            aloss[lo + i] = (alpha * logp[lo + i] - min(q0[i, 0], q1[i, 0])) / Bf
         ga_[:, :] = 0
         for cc in range(2):
             for i in range(R):  # torch.min's gradient: to the smaller, halved on a tie
@@ -276,36 +292,55 @@ if numba is not None:
         gemm(dmean, actor[mw:mw + A * H].reshape((A, H)), dh, zero)
         gemm(dls, actor[lw:lw + A * H].reshape((A, H)), dh, one)
 
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _sum(x):  # pragma: no cover - compiled
+        s = np.float32(0.0)
+        for i in range(x.shape[0]):
+            s += x[i]
+        return s
+
     @numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
     def phase(obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc, heads, cops, cfc,
               actor, agrad, am, av, astep, critic, cgrad, cm, cv, cstep, critic_t,
-              log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, ws, lane_ag, lane_cg, rows,
-              td_out):  # pragma: no cover - compiled
-        """K steps of SAC with the Gaussian noise given (eps_pi: the actor's and alpha's, eps_next: the target's
-        next action). Lane 0 writes the optimizers' gradient buffers, lane c > 0 lane_ag / lane_cg[c - 1]."""
+              log_alpha, galpha, alm, alv, alstep, learn_alpha, hp, nl, ws, slot_ag, slot_cg, rows,
+              td_out, losses):  # pragma: no cover - compiled
+        """K steps of SAC on nl lanes with the Gaussian noise given (eps_pi: the actor's and alpha's, eps_next: the
+        target's next action). Row block 0 writes the optimizers' gradient buffers, block b > 0 slot_ag / slot_cg[b -
+        1], each on its workspace ws[b]. losses: the last step's critic loss, actor loss, alpha, alpha loss."""
         K, B, _ = obs.shape
-        nl = ws.shape[0]
+        nb = ws.shape[0]
         alr, clr, b1, b2, eps, max_norm, tau, te = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7]
         al_lr, al_b1, al_b2, al_eps = hp[8], hp[9], hp[10], hp[11]
-        logp, nlogp, y = rows[0], rows[1], rows[2]
+        logp, nlogp, y, closs, aloss = rows[0], rows[1], rows[2], rows[3:5], rows[5]
+        counter = np.zeros((K, 2), np.int64)
         for k in range(K):
             alpha = np.float32(np.exp(log_alpha[0]))  # before this step's alpha update
             for c in numba.prange(nl):
-                lane = np.int64(c)   # (one type for the loop index, one compile of the callee: see actor_critic.py)
-                _critic_rows(lane, nl, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops, afc,
-                             heads, cops, cfc, actor, critic, cgrad if lane == 0 else lane_cg[lane - 1], critic_t,
-                             alpha, ws[lane], logp, nlogp, y, td_out)
+                while True:
+                    b = ticket(counter[k, 0:1])
+                    if b >= nb:
+                        break
+                    _critic_rows(b, nb, k, obs, action, reward, next_obs, discount, weight, eps_pi, eps_next, aops,
+                                 afc, heads, cops, cfc, actor, critic, cgrad if b == 0 else slot_cg[b - 1], critic_t,
+                                 alpha, ws[b], logp, nlogp, y, closs, td_out)
+            losses[2] = alpha
             if learn_alpha:
                 s = np.float32(0.0)
                 for i in range(B):
                     s += logp[i] + np.float32(te)
                 galpha[0] = -s / np.float32(B)
+                losses[3] = log_alpha[0] * galpha[0]   # -mean(log_alpha (log pi + target_entropy)), before its step
                 clip_adam(log_alpha, galpha, alm, alv, alstep, al_lr, al_b1, al_b2, al_eps, 0.0)
-            lanes_clip_adam(critic, cgrad, lane_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+            lanes_clip_adam(critic, cgrad, slot_cg, nl, cm, cv, cstep, clr, b1, b2, eps, max_norm)
+            losses[0] = _sum(closs[0]) + _sum(closs[1])
             for c in numba.prange(nl):
-                lane = np.int64(c)
-                _actor_rows(lane, nl, k, obs, eps_pi, aops, heads, cops, cfc, actor,
-                            agrad if lane == 0 else lane_ag[lane - 1], critic, cgrad if lane == 0 else lane_cg[lane - 1],
-                            alpha, ws[lane])
-            lanes_clip_adam(actor, agrad, lane_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
+                while True:
+                    b = ticket(counter[k, 1:2])
+                    if b >= nb:
+                        break
+                    _actor_rows(b, nb, k, obs, eps_pi, aops, heads, cops, cfc, actor,
+                                agrad if b == 0 else slot_ag[b - 1], critic, cgrad if b == 0 else slot_cg[b - 1],
+                                alpha, ws[b], logp, aloss)
+            lanes_clip_adam(actor, agrad, slot_ag, nl, am, av, astep, alr, b1, b2, eps, max_norm)
+            losses[1] = _sum(aloss)
             lanes_polyak(critic_t, critic, tau, nl)
