@@ -103,8 +103,8 @@ def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
     assert r["schedule"] == schedule and r["actors"] == 2 and r["envs_per_actor"] == 2
     assert r["env_steps"] == 256 and r["gradient_steps"] == 4 * 2 * 2 and r["policy_lag_max"] == 0
     assert r["reproducible"] is True
-    if schedule == "local":   # every env's episodes say their env; the same seed, the same run (lockstep rollouts)
-        assert envs_seen == {0, 1, 2, 3}
+    assert envs_seen == {0, 1, 2, 3}   # every env's episodes say their env (actor a's env j: 2a + j)
+    if schedule == "local":   # the same seed, the same run (lockstep rollouts)
         again = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, **TINY)
         assert torch.equal(params(run), params(again))
     # the checkpoint resumes inline

@@ -292,8 +292,10 @@ class RaySchedule(ActorsSchedule):
         return self._pending is None and self.core.ratio.finished()
 
     def _grant(self) -> None:
+        # an on-policy rollout's grants are the actors' shares: one each, so that every actor steps its own envs
+        in_flight = 1 if self.core.rollout else IN_FLIGHT
         for s in self.slots:
-            while len(s.calls) < IN_FLIGHT:
+            while len(s.calls) < in_flight:
                 grant = self.core.next_grant(self.lay.envs_per_actor)
                 if grant is None:
                     return
