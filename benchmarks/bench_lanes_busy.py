@@ -170,7 +170,8 @@ def blocks_cost(args) -> None:
                               "blocks_over_split_1": round(med["blocks_1"] / med["split_1"], 3),
                               "blocks_over_split_2": round(med["blocks_2"] / med["split_2"], 3)}
         print(f"{name} head: " + ", ".join(f"{m} {v:.2f} ms" for m, v in med.items()), flush=True)
-    out = Path(args.out) if args.out else result_path("bench_lanes_blocks", args.cases.split(","))
+    out = Path(args.out) if args.out else result_path("bench_lanes_busy", args.cases.split(",")).with_suffix("")
+    out = out.with_name(out.name + "-blocks.json") if not args.out else out
     out.write_text(json.dumps(doc, indent=1))
     print(f"wrote {out}")
 

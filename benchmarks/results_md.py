@@ -398,6 +398,12 @@ def bench_busy(doc):
 def bench_lanes_busy(doc):
     entries = []
     for name, c in doc["cases"].items():
+        if "blocks_over_split_1" in c:   # --blocks-cost: the heads' fixed row blocks against one block per lane
+            m = c["median_ms"]
+            entries.append(Entry("kernels", f"lanes-blocks:{name}", (
+                f"{label(name)} compiled head, fixed row blocks against one block per lane, ms per learn call: one "
+                f"lane {num(m['blocks_1'])} / {num(m['split_1'])} (**{c['blocks_over_split_1']:.2f}**), two lanes "
+                f"{num(m['blocks_2'])} / {num(m['split_2'])} (**{c['blocks_over_split_2']:.2f}**)")))
         for path in ("head", "derived"):
             if path not in c:
                 continue
