@@ -224,7 +224,7 @@ class LearnerCore:
             self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
                           else ReplayRatio.overlapped(self, lay, servers))
         self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
-        self.restarts = Restarts(self)
+        self.restarts: dict[int, int] = {}   # actor -> times it was replaced (actor_died)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
         # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
@@ -297,7 +297,7 @@ class LearnerCore:
         the actor's so far), so an actor started on resume or after a crash does not replay the episodes
         of the one before."""
         cfg = self.cfg
-        restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
+        restarts = self.restarts.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
         return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend,
@@ -355,14 +355,20 @@ class LearnerCore:
     def actor_died(self, index: int, what: str, give_up, lost=(), starting: bool = False, hint: str = "") -> None:
         """Actor `index` died (`what`: "actor 1 (pid 42) exited with code 1"); `lost`: its grants in flight,
         whose env steps are granted again. One that dies while starting ends the run (`give_up()`, the
-        schedule's close, then HetrlError): a new one would die the same way. Otherwise the restart
-        policy (Restarts) counts it, and the schedule starts a new one (actor_spec gives it new seeds)."""
+        schedule's close, then HetrlError): a new one would die the same way. Otherwise it is counted: past
+        MAX_RESTARTS of this actor the run gives up, else the schedule starts a new one (actor_spec gives it new
+        seeds)."""
         for key in lost:
             self.returned(key)
         if starting:
             give_up()
             raise HetrlError(f"{what} while starting; its error is printed above{hint}")
-        self.restarts.record(index, what, give_up)
+        n = self.restarts[index] = self.restarts.get(index, 0) + 1
+        self.c.restarts += 1
+        if n > MAX_RESTARTS:
+            give_up()
+            raise HetrlError(f"{what}, restart {n}: giving up")
+        print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
 
     def beta(self) -> float | None:
         """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
@@ -611,26 +617,6 @@ def _actors(envs: list[int] | None) -> str:
         return "not restored here"
     return (f"{len(envs)} actor{'s' if len(envs) > 1 else ''} of {envs[0]} env{'s' if envs[0] > 1 else ''}"
             if len(set(envs)) == 1 else f"actors of {'/'.join(map(str, envs))} envs")
-
-
-class Restarts:
-    """The restart policy of actors (local processes, Ray actors): a dead actor is replaced, up to
-    MAX_RESTARTS times per actor, then the run gives up."""
-
-    def __init__(self, core: LearnerCore, limit: int = MAX_RESTARTS):
-        self.core, self.limit = core, limit
-        self.count: dict[int, int] = {}
-
-    def record(self, index: int, what: str, give_up) -> int:
-        """Count a death of actor `index` ("actor 1 (pid 42) exited with code 1"); past the limit call
-        `give_up()` (the schedule's close) and raise, else say it and return the restart number."""
-        n = self.count[index] = self.count.get(index, 0) + 1
-        self.core.c.restarts += 1
-        if n > self.limit:
-            give_up()
-            raise HetrlError(f"{what}, restart {n}: giving up")
-        print(f"hetrl: {what}; starting a new one (restart {n} of {self.limit})", file=sys.stderr, flush=True)
-        return n
 
 
 class Schedule(abc.ABC):
