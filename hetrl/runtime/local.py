@@ -258,16 +258,22 @@ class LocalSchedule(ActorsSchedule):
 
     def _grant_phase(self) -> None:
         for h in self._fleet.handles:
-            grant = self.core.next_grant(self.lay.envs_per_actor)
-            if grant is None or h.ctrl is None:
+            if h.ctrl is None or not self._grant_half(h, 0):
                 break
-            n, table = grant
-            try:
-                h.ctrl.send((0, n, table))
-            except OSError:
-                break  # it died: its sentinel tells _pump
-            h.outstanding[0] = n
-            self.core.granted((h.index, 0), n)
+
+    def _grant_half(self, h: _Handle, half: int) -> bool | None:
+        """Actor h's next chunk, to collect into staging half `half`: None when the core grants none now,
+        False when h died meanwhile (its sentinel tells _pump)."""
+        grant = self.core.next_grant(self.lay.envs_per_actor)
+        if grant is None:
+            return None
+        try:
+            h.ctrl.send((half, *grant))
+        except OSError:
+            return False
+        h.outstanding[half] = grant[0]
+        self.core.granted((h.index, half), grant[0])
+        return True
 
     def _all_in(self) -> bool:
         return self.core.ratio.finished(len(self.replay)) and self._ready is None and self._pending is None
@@ -292,16 +298,11 @@ class LocalSchedule(ActorsSchedule):
             for half in (0, 1):
                 if half in h.outstanding or (lockstep and h.outstanding):
                     continue
-                grant = self.core.next_grant(self.lay.envs_per_actor)
-                if grant is None:
+                sent = self._grant_half(h, half)
+                if sent is None:
                     return
-                n, table = grant
-                try:
-                    h.ctrl.send((half, n, table))
-                except OSError:
-                    break  # it died: its sentinel tells _pump
-                h.outstanding[half] = n
-                self.core.granted((h.index, half), n)
+                if not sent:
+                    break
                 self._next_actor = start + k + 1
 
     # learning -----------------------------------------------------------------------------------------
