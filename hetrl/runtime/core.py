@@ -766,7 +766,14 @@ class ActorsSchedule(Schedule):
     at its boundary in actor order, and phase() returns at the boundary with the actors idle, so that evaluations
     and callbacks see the run at the same points whatever the timing and the actors' state can be saved. Timed
     (reproducible=false): phase() runs about PHASE_S. When the run has its env steps the actors stop (their state
-    kept first where the run saves it)."""
+    kept first where the run saves it).
+
+    A transport provides: `_poll(timeout)` (take what the actors and the replay sent, waiting up to `timeout` for
+    the first), `_grant_phase()` (every actor granted its chunk of a phase; none once the run has its env steps),
+    `_grant()` (timed: grants as far as the replay ratio allows), `_learn_step()` (one learner call; False when the
+    ratio allows none), `_at_boundary()` (every chunk of the phase arrived and the learner learned what it owes),
+    `_insert_phase()` (the phase's chunks in, in actor order), `_all_in()` (every env step is in and the learner
+    learned what the ratio owes, drawn groups too) and `_stop_actors()` (the run's figures and state stay)."""
 
     lay: Layout
     _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
@@ -784,6 +791,19 @@ class ActorsSchedule(Schedule):
         eps, self._episodes = self._episodes, []
         return eps
 
+    def _step(self) -> None:
+        self._poll(0.0)
+        if self._phased and self._at_boundary():
+            # the learner's policy is published (the next phase acts with it: one phase behind the learner)
+            self.core.publish(changed_only=True)
+            self._insert_phase()
+            self._open = False
+            return
+        if not self._phased:
+            self._grant()
+        if not self._learn_step():
+            self._poll(self.PHASE_S)
+
     def done(self) -> bool:
         if self._finished:
             return True
@@ -795,18 +815,6 @@ class ActorsSchedule(Schedule):
         self._finished = True
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
-
-    @abc.abstractmethod
-    def _all_in(self) -> bool:
-        """Every env step is in and the learner learned what the core's replay ratio owes (drawn groups too)."""
-
-    @abc.abstractmethod
-    def _grant_phase(self) -> None:
-        """A phase's start: every actor is granted its chunk (none once the run has its env steps)."""
-
-    @abc.abstractmethod
-    def _stop_actors(self) -> None:
-        """Stop the actors (the run's figures and state stay here)."""
 
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count

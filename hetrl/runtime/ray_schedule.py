@@ -232,11 +232,12 @@ class RaySchedule(ActorsSchedule):
             s.calls[ref] = grant[0]
             self.core.granted(ref, grant[0])
 
-    def _boundary(self) -> None:
-        """The learner's policy is published (the next phase acts with it) and the servers insert the phase's
-        chunks in actor order, once the priorities sent before are written; the env steps are counted in the same
-        order."""
-        self.core.publish(changed_only=True)
+    def _at_boundary(self) -> bool:
+        return not any(s.calls for s in self.slots) and self._pending is None and self.core.ratio.allowed() == 0
+
+    def _insert_phase(self) -> None:
+        """The servers insert the phase's chunks in actor order, once the priorities sent before are written; the
+        env steps are counted in the same order."""
         self.replay.commit()
         for s in self.slots:
             if s.chunk is not None:
@@ -245,29 +246,18 @@ class RaySchedule(ActorsSchedule):
                 self.core.inserted(steps, version, busy)
                 self._episodes.extend(episodes)
                 s.chunk = None
-        self._open = False
 
-    def _step(self) -> None:
+    def _poll(self, timeout: float) -> None:
+        """Wait up to `timeout` for a collect call or the sample request to end, then take the collect calls
+        that ended."""
         import ray
 
-        if self._phased and not any(s.calls for s in self.slots) and self._pending is None \
-                and self.core.ratio.allowed() == 0:
-            return self._boundary()
-        if not self._phased:
-            self._grant()
-        if not self._learn_step():
-            refs = self._refs()
-            if refs:
-                t0 = time.perf_counter()
-                ray.wait(refs, num_returns=1, timeout=self.PHASE_S)
-                self.c.learner_wait_s += time.perf_counter() - t0
+        refs = [r for s in self.slots for r in s.calls] + ([self._pending[1]] if self._pending is not None else [])
+        if timeout and refs:
+            t0 = time.perf_counter()
+            ray.wait(refs, num_returns=1, timeout=timeout)
+            self.c.learner_wait_s += time.perf_counter() - t0
         self._harvest()
-
-    def _refs(self) -> list:
-        refs = [r for s in self.slots for r in s.calls]
-        if self._pending is not None:
-            refs.append(self._pending[1])
-        return refs
 
     def _all_in(self) -> bool:
         return self._pending is None and self.core.ratio.finished()
