@@ -400,19 +400,23 @@ class LearnerCore:
         if self.rollout:
             self.learn_rollout(replay)
             return
-        cfg, c, B = self.cfg, self.c, self.cfg.batch_size
         while k := self.ratio.allowed(len(replay)):
             t0 = time.perf_counter()
-            batch, keys, weights = replay.sample(k * B, beta=self.beta())
-            self.ratio.drawn(k)
-            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
+            stack, keys, weights = self.draw(replay, k)
             t1 = time.perf_counter()
-            td = self.learn(stack, weights.view(k, B))
+            td = self.learn(stack, weights)
             t2 = time.perf_counter()
-            if cfg.prioritized:
+            if self.cfg.prioritized:
                 replay.update_priorities(keys, td.view(-1))
             self.ratio.written(k)
-            c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+            self.c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+
+    def draw(self, replay: ReplayBuffer, k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """k batches from a replay in this process, counted as drawn: ({field: (k, B, ...)}, keys, weights (k, B))."""
+        B = self.cfg.batch_size
+        batch, keys, weights = replay.sample(k * B, beta=self.beta())
+        self.ratio.drawn(k)
+        return {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}, keys, weights.view(k, B)
 
     def learn_rollout(self, rollout: RolloutStorage) -> bool:
         """The learner phase of a complete rollout (on-policy; False while none is complete), for every schedule:
@@ -705,14 +709,23 @@ class Schedule(abc.ABC):
         """Actors as actors_state() saved them ({"pickle": ...} each), in place of new ones, before the first phase."""
 
     # the run's clock (a population's: every member's)
+    def _cores(self) -> list[LearnerCore]:
+        return [self.core]
+
     def start_clock(self) -> None:
-        self.core.start_clock()
+        for core in self._cores():
+            core.start_clock()
 
     def tick(self) -> None:
-        self.core.tick()
+        for core in self._cores():
+            core.tick()
 
+    @contextlib.contextmanager
     def clock_paused(self):
-        return self.core.clock_paused()
+        with contextlib.ExitStack() as stack:
+            for core in self._cores():
+                stack.enter_context(core.clock_paused())
+            yield
 
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
