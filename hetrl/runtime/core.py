@@ -42,7 +42,7 @@ from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageEr
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
-from hetrl.replay.rollout import RolloutStorage, explained_variance, gae
+from hetrl.replay.rollout import RolloutStorage, explained_variance, gae, minibatches
 from hetrl.runtime.layout import GROUP_MAX, Layout, grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
 from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
@@ -182,7 +182,7 @@ class LearnerCore:
         # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
         self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
         self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
-        if self.rollout:   # a phase's minibatches per learn call (LearnerCore._minibatches)
+        if self.rollout:   # a phase's minibatches per learn call (learn_rollout)
             minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
             group = max(1, min(self.algo.phase_group(minibatches), minibatches))
         else:
@@ -304,11 +304,6 @@ class LearnerCore:
                          env_offset=index * envs)
 
     # ---- acting side ----------------------------------------------------------------------------
-    def exploration(self, base: int, n: int, envs: int) -> list:
-        """The algorithm's exploration value (epsilon, noise; None = uniform random) for each vector
-        step of a chunk of n env steps starting at global env step `base`."""
-        return [self.algo.exploration(base + k * envs) for k in range(max(1, -(-n // envs)))]
-
     def inserted(self, steps: int, version: int | None = None, busy_s: float = 0.0) -> None:
         """`steps` env steps reached the replay, collected with parameters `version`."""
         c = self.c
@@ -326,12 +321,14 @@ class LearnerCore:
 
     # ---- grants in flight and the policy-lag bound ---------------------------------------------------
     def next_grant(self, envs: int) -> tuple[int, list] | None:
-        """What an actor of `envs` envs may collect next: (env steps, the exploration value of each of its
-        vector steps), or None while the replay ratio holds the actors or the run needs no more."""
+        """What an actor of `envs` envs may collect next: (env steps, the algorithm's exploration value (epsilon,
+        noise; None = uniform random) for each of its vector steps), or None while the replay ratio holds the actors
+        or the run needs no more."""
         n = self.ratio.grant()
         if not n:
             return None
-        return n, self.exploration(self.c.env_steps + self.reserved, n, envs)
+        base = self.c.env_steps + self.reserved
+        return n, [self.algo.exploration(base + k * envs) for k in range(max(1, -(-n // envs)))]
 
     def granted(self, key, n: int) -> None:
         """Grant `key` of `n` env steps went to an actor: it acts with parameters at least as new as the
@@ -442,7 +439,9 @@ class LearnerCore:
         R = rollout.capacity
         flat = {k: v.reshape(R, *v.shape[2:]).to(self.device) for k, v in fields.items()}
         c.learner_s += time.perf_counter() - t0
-        for idx in self._minibatches(R):
+        total = cfg.n_epochs * (R // cfg.batch_size)   # a phase's full minibatches, phase_group (<= GROUP_MAX) a call
+        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if total else 1
+        for idx in minibatches(R, cfg.batch_size, cfg.n_epochs, group, self.shuffle_rng, self.device):
             self.ratio.drawn(idx.shape[0])
             self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
             if algo.stop_phase():
@@ -452,30 +451,6 @@ class LearnerCore:
         self.ratio.phase_done()
         self.publish()
         return True
-
-    def _minibatches(self, R: int):
-        """The row indices of a rollout phase's `learn` calls, in order: n_epochs shuffled passes over R rows, each
-        cut into minibatches of batch_size (its last one smaller where batch_size does not divide R, as SB3's), the
-        phase's consecutive minibatches of one size stacked `phase_group` (at most GROUP_MAX) to a call."""
-        B, algo = self.cfg.batch_size, self.algo
-        K, rem = divmod(R, B)
-        total = self.cfg.n_epochs * K
-        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if K else 1
-        pending: list[torch.Tensor] = []
-        for _ in range(self.cfg.n_epochs):
-            perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
-            for i in range(K):
-                pending.append(perm[i * B:(i + 1) * B])
-                if len(pending) == group:
-                    yield torch.stack(pending)
-                    pending = []
-            if rem:
-                if pending:
-                    yield torch.stack(pending)
-                    pending = []
-                yield perm[K * B:].view(1, rem)
-        if pending:
-            yield torch.stack(pending)
 
     def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
         """Importance weights of on-policy minibatches: ones, one tensor per shape."""
