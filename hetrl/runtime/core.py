@@ -30,7 +30,6 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
-import numpy as np
 import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
@@ -38,8 +37,10 @@ from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
 from hetrl.algos import learn_spec, make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageError
+from hetrl.errors import HetrlError, LearnContractError, NonFiniteError
+from hetrl.machine import resolve_device
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
+from hetrl.replay.finite import all_finite
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
 from hetrl.replay.rollout import RolloutStorage, explained_variance, gae, minibatches
@@ -49,26 +50,6 @@ from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
 from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"device={name} asked but CUDA is not available (torch {torch.__version__}); "
-                             "install a CUDA build of torch (see README) or use --set device=cpu")
-        idx = torch.device(name).index or 0
-        if idx >= torch.cuda.device_count():
-            raise UsageError(f"device={name} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
-    return torch.device(name)
-
-
-def _all_finite(t: torch.Tensor) -> bool:
-    """Whether every element of t is finite (numpy's check on a CPU tensor: a few us against torch's ~10)."""
-    if t.device.type == "cpu" and not t.requires_grad and t.dtype in (torch.float32, torch.float64, torch.float16):
-        return bool(np.isfinite(t.numpy()).all())
-    return bool(torch.isfinite(t).all())
 
 
 def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
@@ -477,7 +458,7 @@ class LearnerCore:
         c = self.c
         if self.learn_mark is None:
             self.learn_mark = (self.elapsed() - seconds, c.env_steps)
-        if self.cfg.system.check_finite and not _all_finite(td):
+        if self.cfg.system.check_finite and not all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
