@@ -66,3 +66,22 @@ def present_devices() -> list[str]:
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return ["cpu"] + [f"cuda:{i}" for i in range(n)]
+
+
+def resolve_device(name: str) -> "torch.device":
+    """The torch device of a `device` setting (auto: CUDA where available); a UsageError naming the fix for a
+    device this machine does not have."""
+    import torch
+
+    from hetrl.errors import UsageError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"device={name} asked but CUDA is not available (torch {torch.__version__}); "
+                             "install a CUDA build of torch (see README) or use --set device=cpu")
+        idx = torch.device(name).index or 0
+        if idx >= torch.cuda.device_count():
+            raise UsageError(f"device={name} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device(name)

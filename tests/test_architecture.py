@@ -68,7 +68,7 @@ def test_every_schedule_is_a_schedule_of_the_core():
 # the restart policy of actors are the learner core's (hetrl/runtime/core.py, ratio.py), written once
 POLICY_NAMES = {"replay_ratio", "grad_debt", "learning_starts", "RatioRule", "RateLimiter", "can_insert", "can_sample",
                 "samples_per_insert", "spi", "min_size", "error_buffer", "min_diff", "max_diff", "priority_lag",
-                "max_lag", "lag_room", "Restarts", "MAX_RESTARTS"}
+                "max_lag", "lag_room", "MAX_RESTARTS"}
 
 
 def names_used(module: str) -> set[str]:

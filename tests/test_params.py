@@ -116,11 +116,11 @@ def test_in_process_store_copies_into_its_last_buffers_when_they_fit():
 
 
 def test_the_finite_check_reads_cpu_and_autograd_tensors():
-    from hetrl.runtime.core import _all_finite
+    from hetrl.replay.finite import all_finite
 
-    assert _all_finite(torch.zeros(2, 3)) and not _all_finite(torch.tensor([0.0, float("nan")]))
-    assert not _all_finite(torch.tensor([float("inf")], requires_grad=True))
-    assert _all_finite(torch.ones(3, dtype=torch.bfloat16)) and not _all_finite(torch.tensor([float("nan")]).bfloat16())
+    assert all_finite(torch.zeros(2, 3)) and not all_finite(torch.tensor([0.0, float("nan")]))
+    assert not all_finite(torch.tensor([float("inf")], requires_grad=True))
+    assert all_finite(torch.ones(3, dtype=torch.bfloat16)) and not all_finite(torch.tensor([float("nan")]).bfloat16())
 
 
 def test_a_flat_policy_is_published_and_loaded_as_one_copy_and_stays_a_snapshot():

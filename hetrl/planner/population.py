@@ -77,7 +77,7 @@ def kernel_of(cfg, env) -> tuple[str, bool]:
     from hetrl import kernels
     from hetrl.actors.envs import prepare_env, probe_spaces
     from hetrl.algos import learn_spec, make_algorithm
-    from hetrl.runtime.core import resolve_device
+    from hetrl.machine import resolve_device
     from hetrl.runtime.layout import grads_per_phase, group_size
 
     obs, act = probe_spaces(prepare_env(env, cfg))

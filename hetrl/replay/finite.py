@@ -19,6 +19,13 @@ import torch
 CHECKED = ("obs", "next_obs", "reward", "action")
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every element of t is finite (numpy's check on a CPU tensor: a few us against torch's ~10)."""
+    if t.device.type == "cpu" and not t.requires_grad and t.dtype in (torch.float32, torch.float64, torch.float16):
+        return bool(np.isfinite(t.numpy()).all())
+    return bool(torch.isfinite(t).all())
+
+
 def _first_bad_row(a) -> tuple[int, str]:
     """(row, 'NaN' | 'inf') of the first non-finite value of a 1+-d array or tensor known to hold one."""
     if isinstance(a, torch.Tensor):

@@ -59,6 +59,30 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     return float("nan") if var == 0 else 1.0 - float((target - pred).var(unbiased=False)) / var
 
 
+def minibatches(rows: int, batch_size: int, epochs: int, group: int, generator: torch.Generator,
+                device: torch.device):
+    """The row indices of a rollout phase's `learn` calls, in order: `epochs` shuffled passes over `rows` rows
+    (permutations drawn from `generator`), each cut into minibatches of batch_size (its last one smaller where
+    batch_size does not divide `rows`, as SB3's), consecutive minibatches of one size stacked `group` to a call."""
+    B = batch_size
+    K, rem = divmod(rows, B)
+    pending: list[torch.Tensor] = []
+    for _ in range(epochs):
+        perm = torch.randperm(rows, generator=generator).to(device)
+        for i in range(K):
+            pending.append(perm[i * B:(i + 1) * B])
+            if len(pending) == group:
+                yield torch.stack(pending)
+                pending = []
+        if rem:
+            if pending:
+                yield torch.stack(pending)
+                pending = []
+            yield perm[K * B:].view(1, rem)
+    if pending:
+        yield torch.stack(pending)
+
+
 class RolloutStorage:
     """One rollout: `capacity` = n_steps x n_envs rows of the fields `spec` ({name: (shape, dtype)}), on the CPU
     (`buffers`: preallocated arrays for the fields, e.g. shared memory), filled by blocks of actors' rows and

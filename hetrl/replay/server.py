@@ -189,11 +189,75 @@ class ReplayServer:
 
 class ShardedReplay:
     """A learner's handle on replay shards served as Ray actors (the ray schedule's replay): the
-    checkpoint calls of a replay buffer, and the shard the next sample comes from."""
+    checkpoint calls of a replay buffer, the shard the next sample comes from, and per shard the env
+    steps it acknowledged and the priority updates sent to it (a sample there waits for them)."""
 
     def __init__(self, handles: list):
         self.handles = handles
         self.next = 0
+        self.inserts = [0] * len(handles)
+        self.prio_sent = [0] * len(handles)
+        self._prio_refs: list = []
+
+    @classmethod
+    def start(cls, shards: int, capacity: int, spec: Spec, clients: int, seed: int, **server) -> "ShardedReplay":
+        """`shards` ReplayServers of `capacity` / `shards` each (seeds seed, seed + 7, ...; `server`: the rest of
+        ReplayServer's arguments) as threaded Ray actors, enough threads for `clients` actors and the learner. They
+        sit on the caller's node (soft: elsewhere if it cannot host them), so that sampled batches reach the
+        learner through local shared memory."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remote = ray.remote(num_cpus=0, max_concurrency=clients + 8, max_restarts=0)(ReplayServer)
+        where = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+        per = -(-capacity // shards)
+        return cls([remote.options(scheduling_strategy=where, name=None).remote(per, spec, seed=seed + 7 * i, **server)
+                    for i in range(shards)])
+
+    def acknowledged(self, shard: int, inserts: int) -> int:
+        """The env steps shard `shard` inserted since it last said (`inserts`: its count now)."""
+        new = max(0, inserts - self.inserts[shard])
+        self.inserts[shard] += new
+        return new
+
+    def request(self, batches: int, batch_size: int, beta: float | None, timeout: float) -> tuple:
+        """Ask the next shard for `batches` batches, after the priorities sent to it: (shard, ObjectRef of
+        ReplayServer.sample's answer; None if its rate limiter held it: set `next` to the shard to ask it again)."""
+        shard, self.next = self.next, (self.next + 1) % len(self.handles)
+        return shard, self.handles[shard].sample.remote(batches, batch_size, beta, timeout, self.prio_sent[shard])
+
+    def update_priorities(self, shard: int, keys: np.ndarray, td: np.ndarray) -> None:
+        import ray
+
+        self._prio_refs.append(self.handles[shard].update_priorities.remote(keys, td))
+        self.prio_sent[shard] += 1
+        if len(self._prio_refs) > 16:  # surface errors and bound what is in flight
+            ray.get(self._prio_refs[:8])
+            del self._prio_refs[:8]
+
+    def commit(self) -> None:
+        """A phase boundary: every shard inserts its staged chunks (ReplayServer.commit) and says its count."""
+        import ray
+
+        counters = ray.get([h.commit.remote(self.prio_sent[i]) for i, h in enumerate(self.handles)])
+        self.inserts = [c["inserts"] for c in counters]
+
+    def set_counters(self, inserts: int, samples: int) -> None:
+        """After a checkpoint: the rate limiters continue from the run's counters, spread over the shards."""
+        import ray
+
+        S = len(self.handles)
+        self.inserts = [inserts // S + (i < inserts % S) for i in range(S)]
+        ray.get([h.set_counters.remote(self.inserts[i], samples // S) for i, h in enumerate(self.handles)])
+
+    def close(self) -> None:
+        import ray
+
+        for h in self.handles:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
 
     def state_dict(self) -> dict:
         """One shard: the ReplayBuffer's own state (the same replay.pt as the other schedules write)."""

@@ -30,7 +30,6 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
-import numpy as np
 import torch
 
 from hetrl.actors import ActorSpec, probe_spaces
@@ -38,37 +37,19 @@ from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
 from hetrl.algos import learn_spec, make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, LearnContractError, NonFiniteError, UsageError
+from hetrl.errors import HetrlError, LearnContractError, NonFiniteError
+from hetrl.machine import resolve_device
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
+from hetrl.replay.finite import all_finite
 from hetrl.replay.frames import frames_apply
 from hetrl.replay.memory import check_replay_memory
-from hetrl.replay.rollout import RolloutStorage, explained_variance, gae
+from hetrl.replay.rollout import RolloutStorage, explained_variance, gae, minibatches
 from hetrl.runtime.layout import GROUP_MAX, Layout, grads_per_phase, group_size
 from hetrl.runtime.params import ParameterStore
 from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
 from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"device={name} asked but CUDA is not available (torch {torch.__version__}); "
-                             "install a CUDA build of torch (see README) or use --set device=cpu")
-        idx = torch.device(name).index or 0
-        if idx >= torch.cuda.device_count():
-            raise UsageError(f"device={name} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
-    return torch.device(name)
-
-
-def _all_finite(t: torch.Tensor) -> bool:
-    """Whether every element of t is finite (numpy's check on a CPU tensor: a few us against torch's ~10)."""
-    if t.device.type == "cpu" and not t.requires_grad and t.dtype in (torch.float32, torch.float64, torch.float16):
-        return bool(np.isfinite(t.numpy()).all())
-    return bool(torch.isfinite(t).all())
 
 
 def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
@@ -182,7 +163,7 @@ class LearnerCore:
         # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
         self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
         self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
-        if self.rollout:   # a phase's minibatches per learn call (LearnerCore._minibatches)
+        if self.rollout:   # a phase's minibatches per learn call (learn_rollout)
             minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
             group = max(1, min(self.algo.phase_group(minibatches), minibatches))
         else:
@@ -224,7 +205,7 @@ class LearnerCore:
             self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
                           else ReplayRatio.overlapped(self, lay, servers))
         self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
-        self.restarts = Restarts(self)
+        self.restarts: dict[int, int] = {}   # actor -> times it was replaced (actor_died)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
         # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
@@ -297,18 +278,13 @@ class LearnerCore:
         the actor's so far), so an actor started on resume or after a crash does not replay the episodes
         of the one before."""
         cfg = self.cfg
-        restarts = self.restarts.count.get(index, 0) if restarts is None else restarts
+        restarts = self.restarts.get(index, 0) if restarts is None else restarts
         env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
         return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend,
                          env_offset=index * envs)
 
     # ---- acting side ----------------------------------------------------------------------------
-    def exploration(self, base: int, n: int, envs: int) -> list:
-        """The algorithm's exploration value (epsilon, noise; None = uniform random) for each vector
-        step of a chunk of n env steps starting at global env step `base`."""
-        return [self.algo.exploration(base + k * envs) for k in range(max(1, -(-n // envs)))]
-
     def inserted(self, steps: int, version: int | None = None, busy_s: float = 0.0) -> None:
         """`steps` env steps reached the replay, collected with parameters `version`."""
         c = self.c
@@ -326,12 +302,14 @@ class LearnerCore:
 
     # ---- grants in flight and the policy-lag bound ---------------------------------------------------
     def next_grant(self, envs: int) -> tuple[int, list] | None:
-        """What an actor of `envs` envs may collect next: (env steps, the exploration value of each of its
-        vector steps), or None while the replay ratio holds the actors or the run needs no more."""
+        """What an actor of `envs` envs may collect next: (env steps, the algorithm's exploration value (epsilon,
+        noise; None = uniform random) for each of its vector steps), or None while the replay ratio holds the actors
+        or the run needs no more."""
         n = self.ratio.grant()
         if not n:
             return None
-        return n, self.exploration(self.c.env_steps + self.reserved, n, envs)
+        base = self.c.env_steps + self.reserved
+        return n, [self.algo.exploration(base + k * envs) for k in range(max(1, -(-n // envs)))]
 
     def granted(self, key, n: int) -> None:
         """Grant `key` of `n` env steps went to an actor: it acts with parameters at least as new as the
@@ -355,14 +333,20 @@ class LearnerCore:
     def actor_died(self, index: int, what: str, give_up, lost=(), starting: bool = False, hint: str = "") -> None:
         """Actor `index` died (`what`: "actor 1 (pid 42) exited with code 1"); `lost`: its grants in flight,
         whose env steps are granted again. One that dies while starting ends the run (`give_up()`, the
-        schedule's close, then HetrlError): a new one would die the same way. Otherwise the restart
-        policy (Restarts) counts it, and the schedule starts a new one (actor_spec gives it new seeds)."""
+        schedule's close, then HetrlError): a new one would die the same way. Otherwise it is counted: past
+        MAX_RESTARTS of this actor the run gives up, else the schedule starts a new one (actor_spec gives it new
+        seeds)."""
         for key in lost:
             self.returned(key)
         if starting:
             give_up()
             raise HetrlError(f"{what} while starting; its error is printed above{hint}")
-        self.restarts.record(index, what, give_up)
+        n = self.restarts[index] = self.restarts.get(index, 0) + 1
+        self.c.restarts += 1
+        if n > MAX_RESTARTS:
+            give_up()
+            raise HetrlError(f"{what}, restart {n}: giving up")
+        print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
 
     def beta(self) -> float | None:
         """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
@@ -394,19 +378,23 @@ class LearnerCore:
         if self.rollout:
             self.learn_rollout(replay)
             return
-        cfg, c, B = self.cfg, self.c, self.cfg.batch_size
         while k := self.ratio.allowed(len(replay)):
             t0 = time.perf_counter()
-            batch, keys, weights = replay.sample(k * B, beta=self.beta())
-            self.ratio.drawn(k)
-            stack = {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}
+            stack, keys, weights = self.draw(replay, k)
             t1 = time.perf_counter()
-            td = self.learn(stack, weights.view(k, B))
+            td = self.learn(stack, weights)
             t2 = time.perf_counter()
-            if cfg.prioritized:
+            if self.cfg.prioritized:
                 replay.update_priorities(keys, td.view(-1))
             self.ratio.written(k)
-            c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+            self.c.replay_s += (t1 - t0) + (time.perf_counter() - t2)
+
+    def draw(self, replay: ReplayBuffer, k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """k batches from a replay in this process, counted as drawn: ({field: (k, B, ...)}, keys, weights (k, B))."""
+        B = self.cfg.batch_size
+        batch, keys, weights = replay.sample(k * B, beta=self.beta())
+        self.ratio.drawn(k)
+        return {name: v.view(k, B, *v.shape[1:]) for name, v in batch.items()}, keys, weights.view(k, B)
 
     def learn_rollout(self, rollout: RolloutStorage) -> bool:
         """The learner phase of a complete rollout (on-policy; False while none is complete), for every schedule:
@@ -432,7 +420,9 @@ class LearnerCore:
         R = rollout.capacity
         flat = {k: v.reshape(R, *v.shape[2:]).to(self.device) for k, v in fields.items()}
         c.learner_s += time.perf_counter() - t0
-        for idx in self._minibatches(R):
+        total = cfg.n_epochs * (R // cfg.batch_size)   # a phase's full minibatches, phase_group (<= GROUP_MAX) a call
+        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if total else 1
+        for idx in minibatches(R, cfg.batch_size, cfg.n_epochs, group, self.shuffle_rng, self.device):
             self.ratio.drawn(idx.shape[0])
             self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
             if algo.stop_phase():
@@ -442,30 +432,6 @@ class LearnerCore:
         self.ratio.phase_done()
         self.publish()
         return True
-
-    def _minibatches(self, R: int):
-        """The row indices of a rollout phase's `learn` calls, in order: n_epochs shuffled passes over R rows, each
-        cut into minibatches of batch_size (its last one smaller where batch_size does not divide R, as SB3's), the
-        phase's consecutive minibatches of one size stacked `phase_group` (at most GROUP_MAX) to a call."""
-        B, algo = self.cfg.batch_size, self.algo
-        K, rem = divmod(R, B)
-        total = self.cfg.n_epochs * K
-        group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if K else 1
-        pending: list[torch.Tensor] = []
-        for _ in range(self.cfg.n_epochs):
-            perm = torch.randperm(R, generator=self.shuffle_rng).to(self.device)
-            for i in range(K):
-                pending.append(perm[i * B:(i + 1) * B])
-                if len(pending) == group:
-                    yield torch.stack(pending)
-                    pending = []
-            if rem:
-                if pending:
-                    yield torch.stack(pending)
-                    pending = []
-                yield perm[K * B:].view(1, rem)
-        if pending:
-            yield torch.stack(pending)
 
     def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
         """Importance weights of on-policy minibatches: ones, one tensor per shape."""
@@ -492,7 +458,7 @@ class LearnerCore:
         c = self.c
         if self.learn_mark is None:
             self.learn_mark = (self.elapsed() - seconds, c.env_steps)
-        if self.cfg.system.check_finite and not _all_finite(td):
+        if self.cfg.system.check_finite and not all_finite(td):
             raise NonFiniteError(f"the learner's TD errors became NaN/inf at gradient step {c.gradient_steps:,} "
                                  f"(env step {c.env_steps:,}): the loss diverged; lower lr or check the rewards",
                                  learner_ok=False)
@@ -613,26 +579,6 @@ def _actors(envs: list[int] | None) -> str:
             if len(set(envs)) == 1 else f"actors of {'/'.join(map(str, envs))} envs")
 
 
-class Restarts:
-    """The restart policy of actors (local processes, Ray actors): a dead actor is replaced, up to
-    MAX_RESTARTS times per actor, then the run gives up."""
-
-    def __init__(self, core: LearnerCore, limit: int = MAX_RESTARTS):
-        self.core, self.limit = core, limit
-        self.count: dict[int, int] = {}
-
-    def record(self, index: int, what: str, give_up) -> int:
-        """Count a death of actor `index` ("actor 1 (pid 42) exited with code 1"); past the limit call
-        `give_up()` (the schedule's close) and raise, else say it and return the restart number."""
-        n = self.count[index] = self.count.get(index, 0) + 1
-        self.core.c.restarts += 1
-        if n > self.limit:
-            give_up()
-            raise HetrlError(f"{what}, restart {n}: giving up")
-        print(f"hetrl: {what}; starting a new one (restart {n} of {self.limit})", file=sys.stderr, flush=True)
-        return n
-
-
 class Schedule(abc.ABC):
     """A transport of the training protocol around one :class:`LearnerCore`.
 
@@ -719,14 +665,23 @@ class Schedule(abc.ABC):
         """Actors as actors_state() saved them ({"pickle": ...} each), in place of new ones, before the first phase."""
 
     # the run's clock (a population's: every member's)
+    def _cores(self) -> list[LearnerCore]:
+        return [self.core]
+
     def start_clock(self) -> None:
-        self.core.start_clock()
+        for core in self._cores():
+            core.start_clock()
 
     def tick(self) -> None:
-        self.core.tick()
+        for core in self._cores():
+            core.tick()
 
+    @contextlib.contextmanager
     def clock_paused(self):
-        return self.core.clock_paused()
+        with contextlib.ExitStack() as stack:
+            for core in self._cores():
+                stack.enter_context(core.clock_paused())
+            yield
 
     def extended(self) -> None:
         """cfg.steps was raised after the schedule finished (Run.extend): the next phase() goes on collecting."""
@@ -780,7 +735,14 @@ class ActorsSchedule(Schedule):
     at its boundary in actor order, and phase() returns at the boundary with the actors idle, so that evaluations
     and callbacks see the run at the same points whatever the timing and the actors' state can be saved. Timed
     (reproducible=false): phase() runs about PHASE_S. When the run has its env steps the actors stop (their state
-    kept first where the run saves it)."""
+    kept first where the run saves it).
+
+    A transport provides: `_poll(timeout)` (take what the actors and the replay sent, waiting up to `timeout` for
+    the first), `_grant_phase()` (every actor granted its chunk of a phase; none once the run has its env steps),
+    `_grant()` (timed: grants as far as the replay ratio allows), `_learn_step()` (one learner call; False when the
+    ratio allows none), `_at_boundary()` (every chunk of the phase arrived and the learner learned what it owes),
+    `_insert_phase()` (the phase's chunks in, in actor order), `_all_in()` (every env step is in and the learner
+    learned what the ratio owes, drawn groups too) and `_stop_actors()` (the run's figures and state stay)."""
 
     lay: Layout
     _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
@@ -798,6 +760,19 @@ class ActorsSchedule(Schedule):
         eps, self._episodes = self._episodes, []
         return eps
 
+    def _step(self) -> None:
+        self._poll(0.0)
+        if self._phased and self._at_boundary():
+            # the learner's policy is published (the next phase acts with it: one phase behind the learner)
+            self.core.publish(changed_only=True)
+            self._insert_phase()
+            self._open = False
+            return
+        if not self._phased:
+            self._grant()
+        if not self._learn_step():
+            self._poll(self.PHASE_S)
+
     def done(self) -> bool:
         if self._finished:
             return True
@@ -809,18 +784,6 @@ class ActorsSchedule(Schedule):
         self._finished = True
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
-
-    @abc.abstractmethod
-    def _all_in(self) -> bool:
-        """Every env step is in and the learner learned what the core's replay ratio owes (drawn groups too)."""
-
-    @abc.abstractmethod
-    def _grant_phase(self) -> None:
-        """A phase's start: every actor is granted its chunk (none once the run has its env steps)."""
-
-    @abc.abstractmethod
-    def _stop_actors(self) -> None:
-        """Stop the actors (the run's figures and state stay here)."""
 
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count

@@ -65,11 +65,8 @@ class InlineSchedule(Schedule):
         steps = self.actor.env_steps - before
         core.inserted(steps, self.actor.params_version, busy_s=t1 - t0)
         c.replay_s += time.perf_counter() - t1
-        self._learn()
+        core.learn_from(self.replay)
         self._episodes.extend(self.actor.drain_episodes())
-
-    def _learn(self) -> None:
-        self.core.learn_from(self.replay)
 
     def done(self) -> bool:
         return self.core.ratio.finished(len(self.replay))

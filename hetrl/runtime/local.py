@@ -176,7 +176,7 @@ class LocalSchedule(ActorsSchedule):
             if time.monotonic() > deadline:
                 self.close()
                 raise HetrlError(f"actor processes did not start within {START_TIMEOUT_S:.0f} s")
-            self._pump(timeout=1.0)
+            self._poll(1.0)
         self.startup_s = time.perf_counter() - t0
         self.c.learner_wait_s = waited
 
@@ -188,7 +188,7 @@ class LocalSchedule(ActorsSchedule):
             h.ctrl.send(("state",))
         deadline = time.monotonic() + START_TIMEOUT_S
         while any(h.state is None for h in handles) and time.monotonic() < deadline and not self._closed:
-            self._pump(timeout=1.0)
+            self._poll(1.0)
         self.c.learner_wait_s = waited
         if any(h.state is None for h in handles):
             return {"unsaved": "an actor did not send its state"}
@@ -229,45 +229,35 @@ class LocalSchedule(ActorsSchedule):
         return [h.proc.pid for h in self._fleet.handles if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
-    def _step(self) -> None:
-        self._pump(timeout=0.0)
-        if self._phased:
-            if self._at_boundary():
-                self._boundary()
-            elif not self._learn_step():
-                self._pump(timeout=self.PHASE_S)
-            return
-        self._grant()
-        if not self._learn_step():
-            self._pump(timeout=self.PHASE_S)
-
     def _at_boundary(self) -> bool:
         """Every chunk of the phase is in its staging half and the learner drew and learned what it owes."""
         handles = self._fleet.handles
         return (all(h.ready and not h.outstanding for h in handles) and self._ready is None
                 and self._pending is None and self._allowed_group() == 0)
 
-    def _boundary(self) -> None:
-        """A phase boundary: the learner's policy is published (the next phase acts with it: one phase behind the
-        learner) and the phase's chunks go in in actor order."""
-        self.core.publish(changed_only=True)
+    def _insert_phase(self) -> None:
         for index, half, rows, steps, version, busy in sorted(self._arrived, key=lambda a: a[0]):
             self._insert(self._fleet.handles[index], half, rows, steps, version, busy)
         self._arrived = []
-        self._open = False
 
     def _grant_phase(self) -> None:
         for h in self._fleet.handles:
-            grant = self.core.next_grant(self.lay.envs_per_actor)
-            if grant is None or h.ctrl is None:
+            if h.ctrl is None or not self._grant_half(h, 0):
                 break
-            n, table = grant
-            try:
-                h.ctrl.send((0, n, table))
-            except OSError:
-                break  # it died: its sentinel tells _pump
-            h.outstanding[0] = n
-            self.core.granted((h.index, 0), n)
+
+    def _grant_half(self, h: _Handle, half: int) -> bool | None:
+        """Actor h's next chunk, to collect into staging half `half`: None when the core grants none now,
+        False when h died meanwhile (its sentinel tells _poll)."""
+        grant = self.core.next_grant(self.lay.envs_per_actor)
+        if grant is None:
+            return None
+        try:
+            h.ctrl.send((half, *grant))
+        except OSError:
+            return False
+        h.outstanding[half] = grant[0]
+        self.core.granted((h.index, half), grant[0])
+        return True
 
     def _all_in(self) -> bool:
         return self.core.ratio.finished(len(self.replay)) and self._ready is None and self._pending is None
@@ -292,16 +282,11 @@ class LocalSchedule(ActorsSchedule):
             for half in (0, 1):
                 if half in h.outstanding or (lockstep and h.outstanding):
                     continue
-                grant = self.core.next_grant(self.lay.envs_per_actor)
-                if grant is None:
+                sent = self._grant_half(h, half)
+                if sent is None:
                     return
-                n, table = grant
-                try:
-                    h.ctrl.send((half, n, table))
-                except OSError:
-                    break  # it died: its sentinel tells _pump
-                h.outstanding[half] = n
-                self.core.granted((h.index, half), n)
+                if not sent:
+                    break
                 self._next_actor = start + k + 1
 
     # learning -----------------------------------------------------------------------------------------
@@ -355,7 +340,7 @@ class LocalSchedule(ActorsSchedule):
         return True
 
     # messages -----------------------------------------------------------------------------------------
-    def _pump(self, timeout: float) -> None:
+    def _poll(self, timeout: float) -> None:
         """Handle every message and exit that is ready; wait up to `timeout` for the first."""
         handles = [h for h in self._fleet.handles if h.proc is not None]
         waitables = {}

@@ -13,7 +13,6 @@ it), and the population's files (population.json, result.json with the report) a
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -318,16 +317,11 @@ class PopulationSchedule(Schedule):
 
     def _learn_together(self, n: int) -> None:
         """n gradient steps of every member, replayed from one CUDA graph with a branch per member."""
-        B, M = self.cfgs[0].batch_size, len(self.cores)
+        M = len(self.cores)
         t0 = time.perf_counter()
-        stacks, weights = [], []
-        for core, replay in zip(self.cores, self.replays):
-            batch, _, w = replay.sample(n * B, beta=core.beta())
-            core.ratio.drawn(n)
-            stacks.append({name: v.view(n, B, *v.shape[1:]) for name, v in batch.items()})
-            weights.append(w.view(n, B))
+        drawn = [core.draw(replay, n) for core, replay in zip(self.cores, self.replays)]
         t1 = time.perf_counter()
-        tds = self.graph.learn(stacks, weights)
+        tds = self.graph.learn([stack for stack, _, _ in drawn], [weights for _, _, weights in drawn])
         dt = (time.perf_counter() - t1) / M
         for core, td in zip(self.cores, tds):
             core.learned(td, n, dt)
@@ -337,20 +331,8 @@ class PopulationSchedule(Schedule):
         return self.c.env_steps >= self.cfgs[0].steps
 
     # ---- the clock of every member, the population's figures ------------------------------------------
-    def start_clock(self) -> None:
-        for core in self.cores:
-            core.start_clock()
-
-    def tick(self) -> None:
-        for core in self.cores:
-            core.tick()
-
-    @contextlib.contextmanager
-    def clock_paused(self):
-        with contextlib.ExitStack() as stack:
-            for core in self.cores:
-                stack.enter_context(core.clock_paused())
-            yield
+    def _cores(self) -> list[LearnerCore]:
+        return self.cores
 
     def figures(self) -> dict:
         """Env steps per member, and throughput counted over all members."""

@@ -36,7 +36,7 @@ import torch
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
-from hetrl.replay.server import ReplayServer, ShardedReplay
+from hetrl.replay.server import ShardedReplay
 from hetrl.runtime.core import ActorsSchedule, LearnerCore
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
@@ -165,15 +165,17 @@ class RaySchedule(ActorsSchedule):
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
-        self._shard_inserts = [0] * cfg.system.replay_shards
-        self._prio_sent = [0] * cfg.system.replay_shards   # priority updates sent to each shard
-        self._prio_refs: list = []
         self._check_resources(ray)
         t0 = time.perf_counter()
         if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
             self.replay = self.core.make_replay()
         else:
-            self._start_servers(ray)
+            S = cfg.system.replay_shards
+            self.replay = ShardedReplay.start(S, cfg.buffer_size, self.core.spec, lay.actors, cfg.seed,
+                                              prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
+                                              check_finite=cfg.system.check_finite, frames=self.core.frames,
+                                              **self.core.ratio.server_rule(S))
+            self.servers = self.replay.handles
         self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
         for s in self.slots:
@@ -191,24 +193,6 @@ class RaySchedule(ActorsSchedule):
             raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.system.ray_actor_cpus:g} need {need:g} CPUs but the "
                              f"Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
                              f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
-
-    def _start_servers(self, ray) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        cfg, lay = self.cfg, self.lay
-        S = cfg.system.replay_shards
-        here = ray.get_runtime_context().get_node_id()
-        remote = ray.remote(num_cpus=0, max_concurrency=lay.actors + 8, max_restarts=0)(ReplayServer)
-        # the shards sit on the learner's node (soft: elsewhere if it cannot host them), so sampled
-        # batches reach the learner through local shared memory
-        where = NodeAffinitySchedulingStrategy(node_id=here, soft=True)
-        per = -(-cfg.buffer_size // S)
-        self.servers = [remote.options(scheduling_strategy=where, name=None).remote(
-            per, self.core.spec, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
-            seed=cfg.seed + 7 * i, check_finite=cfg.system.check_finite, frames=self.core.frames,
-            **self.core.ratio.server_rule(S))
-            for i in range(S)]
-        self.replay = ShardedReplay(self.servers)
 
     def _spawn(self, s: _Slot) -> None:
         import ray
@@ -248,15 +232,13 @@ class RaySchedule(ActorsSchedule):
             s.calls[ref] = grant[0]
             self.core.granted(ref, grant[0])
 
-    def _boundary(self) -> None:
-        """The learner's policy is published (the next phase acts with it) and the servers insert the phase's
-        chunks in actor order, once the priorities sent before are written; the env steps are counted in the same
-        order."""
-        import ray
+    def _at_boundary(self) -> bool:
+        return not any(s.calls for s in self.slots) and self._pending is None and self.core.ratio.allowed() == 0
 
-        self.core.publish(changed_only=True)
-        counters = ray.get([h.commit.remote(self._prio_sent[i]) for i, h in enumerate(self.servers)])
-        self._shard_inserts = [c["inserts"] for c in counters]
+    def _insert_phase(self) -> None:
+        """The servers insert the phase's chunks in actor order, once the priorities sent before are written; the
+        env steps are counted in the same order."""
+        self.replay.commit()
         for s in self.slots:
             if s.chunk is not None:
                 ref, steps, version, episodes, busy = s.chunk
@@ -264,29 +246,18 @@ class RaySchedule(ActorsSchedule):
                 self.core.inserted(steps, version, busy)
                 self._episodes.extend(episodes)
                 s.chunk = None
-        self._open = False
 
-    def _step(self) -> None:
+    def _poll(self, timeout: float) -> None:
+        """Wait up to `timeout` for a collect call or the sample request to end, then take the collect calls
+        that ended."""
         import ray
 
-        if self._phased and not any(s.calls for s in self.slots) and self._pending is None \
-                and self.core.ratio.allowed() == 0:
-            return self._boundary()
-        if not self._phased:
-            self._grant()
-        if not self._learn_step():
-            refs = self._refs()
-            if refs:
-                t0 = time.perf_counter()
-                ray.wait(refs, num_returns=1, timeout=self.PHASE_S)
-                self.c.learner_wait_s += time.perf_counter() - t0
+        refs = [r for s in self.slots for r in s.calls] + ([self._pending[1]] if self._pending is not None else [])
+        if timeout and refs:
+            t0 = time.perf_counter()
+            ray.wait(refs, num_returns=1, timeout=timeout)
+            self.c.learner_wait_s += time.perf_counter() - t0
         self._harvest()
-
-    def _refs(self) -> list:
-        refs = [r for s in self.slots for r in s.calls]
-        if self._pending is not None:
-            refs.append(self._pending[1])
-        return refs
 
     def _all_in(self) -> bool:
         return self._pending is None and self.core.ratio.finished()
@@ -336,9 +307,7 @@ class RaySchedule(ActorsSchedule):
 
     def _count_inserts(self, shard: int, inserts: int, version: int | None = None) -> None:
         """Env steps come from the servers' acknowledgements (a chunk lost with its actor is not counted)."""
-        if inserts > self._shard_inserts[shard]:
-            new = inserts - self._shard_inserts[shard]
-            self._shard_inserts[shard] = inserts
+        if new := self.replay.acknowledged(shard, inserts):
             self.core.inserted(new, version)
 
     def _on_actor_death(self, s: _Slot, err) -> None:
@@ -359,11 +328,7 @@ class RaySchedule(ActorsSchedule):
         g = self.core.ratio.allowed()
         if g <= 0:
             return
-        shard = self.replay.next
-        self.replay.next = (shard + 1) % len(self.servers)
-        ref = self.servers[shard].sample.remote(g, self.cfg.batch_size, self.core.beta(), SAMPLE_WAIT_S,
-                                                self._prio_sent[shard])
-        self._pending = (shard, ref, g)
+        self._pending = (*self.replay.request(g, self.cfg.batch_size, self.core.beta(), SAMPLE_WAIT_S), g)
         self.core.ratio.drawn(g)
 
     def _learn_step(self) -> bool:
@@ -392,11 +357,7 @@ class RaySchedule(ActorsSchedule):
         self.c.replay_s += time.perf_counter() - t0
         td = self.core.learn({k: _tensor(v) for k, v in stack.items()}, _tensor(weights))
         if self.cfg.prioritized:
-            self._prio_refs.append(self.servers[shard].update_priorities.remote(keys, td.detach().cpu().numpy().reshape(-1)))
-            self._prio_sent[shard] += 1
-            if len(self._prio_refs) > 16:  # surface errors and bound what is in flight
-                ray.get(self._prio_refs[:8])
-                del self._prio_refs[:8]
+            self.replay.update_priorities(shard, keys, td.detach().cpu().numpy().reshape(-1))
         self.core.ratio.written(g)
         return True
 
@@ -429,16 +390,11 @@ class RaySchedule(ActorsSchedule):
         if self._closed:
             return
         self._closed = True
-        import ray
-
         self._stop_actors()
         if getattr(self, "core", None) is not None:
             self.core.close()
-        for h in getattr(self, "servers", []):
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:
-                pass
+        if self.servers:
+            self.replay.close()
         disconnect()
 
     # ---- figures and state ----------------------------------------------------------------------
@@ -460,14 +416,9 @@ class RaySchedule(ActorsSchedule):
         ray.get([s.handle.load_state_dict.remote(state) for s, state in zip(self.slots, states)])
 
     def _sync_servers(self) -> None:
-        """After a checkpoint: the rate limiter continues from the run's counters, spread over the shards."""
-        import ray
-
-        c, S = self.c, len(self.servers)
-        if S:
-            self._shard_inserts = [c.env_steps // S + (i < c.env_steps % S) for i in range(S)]
-            ray.get([h.set_counters.remote(self._shard_inserts[i], c.samples // S)
-                     for i, h in enumerate(self.servers)])
+        """After a checkpoint: the rate limiter continues from the run's counters."""
+        if self.servers:
+            self.replay.set_counters(self.c.env_steps, self.c.samples)
 
     def _restart_actors(self) -> None:
         """After a checkpoint without the actors' state: actors started with seeds for step 0 are replaced by
