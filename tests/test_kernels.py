@@ -4,6 +4,9 @@ and a run with the same seed twice gives the same figures and parameters."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import gymnasium as gym
 import pytest
 import torch
@@ -87,6 +90,20 @@ def test_selection_leaves_torchs_random_state_and_threads_as_they_were():
     before, threads = torch.get_rng_state(), torch.get_num_threads()
     select(make, spec, SPACES[1], 8, 4, "cpu")
     assert torch.equal(torch.get_rng_state(), before) and torch.get_num_threads() == threads
+
+
+def test_a_choice_cached_by_other_kernel_code_is_measured_again(monkeypatch):
+    """The machine's cached choices hold for the kernel code that measured them: another hetrl's kernels (a faster
+    derived phase, another lane rule) measure again, and their choice replaces the old ones."""
+    sel = sys.modules["hetrl.kernels.select"]   # (hetrl.kernels.select is also the function's name)
+    cfg, make, spec = _setup()
+    first = choose(cfg, make, *SPACES, spec, "cpu", 4)
+    assert choose(cfg, make, *SPACES, spec, "cpu", 4).source == "cache"
+    monkeypatch.setattr(sel, "kernels_version", lambda: "other-kernel-code")
+    again = choose(cfg, make, *SPACES, spec, "cpu", 4)
+    assert again.source == "measured" and first.source == "measured"
+    assert choose(cfg, make, *SPACES, spec, "cpu", 4).source == "cache"
+    assert json.loads(sel._cache_file().read_text())["kernels"] == "other-kernel-code"
 
 
 def test_the_choice_is_made_once_per_machine_and_a_pinned_kernel_that_cannot_run_is_one_line():

@@ -16,6 +16,8 @@ result.json and its checkpoint, and `--resume` reuses it. `hetrl plan` explains 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import math
 import os
@@ -329,13 +331,28 @@ def _read_cache() -> dict:
     return data if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else {}
 
 
+@functools.lru_cache(maxsize=1)
+def kernels_version() -> str:
+    """A digest of the kernels' code (hetrl/kernels/**.py): a choice measured against other kernel code is not
+    this code's (a faster derived phase, another lane rule), so the cached choices are dropped when it changes."""
+    digest = hashlib.sha256()
+    root = Path(__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        digest.update(str(f.relative_to(root)).encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached(key: str) -> Choice | None:
-    got = _read_cache().get("choices", {}).get(key)
+    data = _read_cache()
+    got = data.get("choices", {}).get(key) if data.get("kernels") == kernels_version() else None
     return Choice.from_json(got) if got is not None else None
 
 
 def remember(key: str, choice: Choice) -> None:
     def change(data: dict) -> None:
+        if data.get("kernels") != kernels_version():   # choices made by other kernel code: measured again
+            data["choices"], data["kernels"] = {}, kernels_version()
         data.setdefault("choices", {})[key] = choice.to_json()
     _update_cache(change)
 
