@@ -80,6 +80,16 @@ def test_normalisation_statistics_are_checkpointed_resumed_and_used_at_evaluatio
     assert float(resumed.algo.ret_count) > float(ckpt["algo"]["ret_count"])
 
 
+class Episodes:
+    """The episodes of each phase, as (env, return, length): each says its env (actor a's env j: 2a + j)."""
+
+    def __init__(self):
+        self.phases = []
+
+    def phase(self, run, eps):
+        self.phases.append([(e.env, float(e[0]), e[1]) for e in eps])
+
+
 @pytest.mark.parametrize("schedule", ["local", "ray"])
 def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
     if schedule == "ray":
@@ -87,15 +97,10 @@ def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
         if ray.is_initialized():
             ray.shutdown()
         ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    envs_seen = set()
-
-    class Episodes:   # the episodes of each phase, each saying its env (actor a's env j: 2a + j)
-        def phase(self, run, eps):
-            envs_seen.update(e.env for e in eps)
-
+    seen = Episodes()
     try:
         run = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, out=tmp_path / "r",
-                          callback=Episodes(), **{**TINY, **({"ray_actor_cpus": 0.5} if schedule == "ray" else {})})
+                          callback=seen, **{**TINY, **({"ray_actor_cpus": 0.5} if schedule == "ray" else {})})
     finally:
         if schedule == "ray":
             ray.shutdown()
@@ -103,10 +108,17 @@ def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
     assert r["schedule"] == schedule and r["actors"] == 2 and r["envs_per_actor"] == 2
     assert r["env_steps"] == 256 and r["gradient_steps"] == 4 * 2 * 2 and r["policy_lag_max"] == 0
     assert r["reproducible"] is True
-    assert envs_seen == {0, 1, 2, 3}   # every env's episodes say their env (actor a's env j: 2a + j)
-    if schedule == "local":   # the same seed, the same run (lockstep rollouts)
-        again = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, **TINY)
-        assert torch.equal(params(run), params(again))
+    assert {e[0] for eps in seen.phases for e in eps} == {0, 1, 2, 3}   # every env stepped and said so
+    # every actor collects its share (16 vector steps) of each rollout: no episode of the k-th phase is longer
+    for k, eps in enumerate(seen.phases, 1):
+        assert all(length <= 16 * k for _, _, length in eps), (k, eps)
+    # the same seed, the same run: a local run again (ray: the same rollouts and updates as local's), the same
+    # episodes in each phase
+    again_seen = Episodes()
+    again = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule="local", actors=2, callback=again_seen,
+                        **TINY)
+    assert torch.equal(params(run), params(again))
+    assert seen.phases == again_seen.phases
     # the checkpoint resumes inline
     resumed = hetrl.api.resume(tmp_path / "r", steps=320, schedule="inline", progress=False, evaluate_episodes=0)
     assert resumed.result["env_steps"] == 320 and resumed.result["gradient_steps"] == 5 * 2 * 2

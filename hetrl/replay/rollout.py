@@ -135,6 +135,10 @@ class RolloutStorage:
         self.blocks[actor] = (start, have + rows, m)
         self.size += rows
 
+    def wants(self, actor: int) -> bool:
+        """Whether `actor`'s share of the rollout (capacity / actors rows) is not in yet."""
+        return self.blocks.get(actor, (0, 0, 0))[1] < self.capacity // self.actors
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """The full rollout as {field: (T, N, ...) tensor}: T vector steps of all N envs, the actors' blocks side by
         side in actor order. Views of the storage where there is one block (one actor), else copies."""

@@ -750,15 +750,17 @@ class ActorsSchedule(Schedule):
     startup_s = 0.0
 
     def phase(self) -> list[tuple[float, int]]:
-        if not self._phased or self._closed:
-            return super().phase()
-        if not self._open and not self.done():
-            self._open = True
-            self._grant_phase()
-        while self._open and not self.done():
-            self._step()
-        eps, self._episodes = self._episodes, []
-        return eps
+        if self._phased and not self._closed:
+            if not self._open and not self.done():
+                self._open = True
+                self._grant_phase()
+            while self._open and not self.done():
+                self._step()
+            eps, self._episodes = self._episodes, []
+        else:   # timed, or on-policy: one rollout collected and learned
+            eps = super().phase()
+        # in the order of their envs (actor by actor), not of the chunks' arrival: the same under every timing
+        return sorted(eps, key=lambda e: -1 if getattr(e, "env", None) is None else e.env)
 
     def _step(self) -> None:
         self._poll(0.0)
@@ -784,6 +786,11 @@ class ActorsSchedule(Schedule):
         self._finished = True
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
+
+    def _wants(self, index: int) -> bool:
+        """Whether actor `index` may get a grant: on-policy, only while its share of the rollout is not in (so that
+        every actor steps its own envs, one share of every rollout each, whatever the timing)."""
+        return not self.core.rollout or self.replay.wants(index)
 
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count

@@ -276,11 +276,12 @@ class LocalSchedule(ActorsSchedule):
         lockstep = not self.cfg.system.overlap
         if lockstep and (self.core.reserved or self._ready is not None or self._allowed_group()):
             return
+        one = lockstep or self.core.rollout   # one chunk out per actor (on-policy: its share of the rollout)
         start = self._next_actor % len(handles)
         for k in range(len(handles)):
             h = handles[(start + k) % len(handles)]
             for half in (0, 1):
-                if half in h.outstanding or (lockstep and h.outstanding):
+                if half in h.outstanding or (one and h.outstanding) or not self._wants(h.index):
                     continue
                 sent = self._grant_half(h, half)
                 if sent is None:

@@ -266,7 +266,7 @@ class RaySchedule(ActorsSchedule):
         # an on-policy rollout's grants are the actors' shares: one each, so that every actor steps its own envs
         in_flight = 1 if self.core.rollout else IN_FLIGHT
         for s in self.slots:
-            while len(s.calls) < in_flight:
+            while len(s.calls) < in_flight and self._wants(s.index):
                 grant = self.core.next_grant(self.lay.envs_per_actor)
                 if grant is None:
                     return
