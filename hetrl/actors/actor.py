@@ -10,6 +10,7 @@ setting an actor needs (env backend, n-step, seeds) reaches it the same way ever
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
@@ -112,6 +113,22 @@ class Actor:
     def load(self, state: dict, version: int) -> None:
         self.policy.load(state)
         self.params_version = version
+
+    def refresh(self, params) -> None:
+        """The newest policy of the parameter store `params` (hetrl/runtime/params.py), where newer than its own."""
+        new = params.latest(self.params_version)
+        if new is not None:
+            self.load(*new)
+
+    def take_grant(self, params, n: int, table: list, out: dict[str, np.ndarray] | None = None) -> tuple:
+        """A learner's grant, as an actor apart from the learner takes it (a local actor process, a Ray actor): the
+        newest policy of `params`, then exactly n env steps acting with the grant's exploration `table` (one value
+        per vector step). Returns (what collect returned, env steps, seconds busy)."""
+        t0 = time.perf_counter()
+        self.refresh(params)
+        start = self.env_steps
+        got = self.collect(n, ExploreTable(table, start, self.num_envs), out=out, limit=n)
+        return got, self.env_steps - start, time.perf_counter() - t0
 
     def collect(self, n: int, explore: Callable[[int], Optional[float]],
                 out: dict[str, np.ndarray] | None = None, limit: int | None = None) -> dict[str, np.ndarray] | int | None:

@@ -52,9 +52,7 @@ class InlineSchedule(Schedule):
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
         core, c = self.core, self.c
-        new = self.params.latest(self.actor.params_version)   # the newest policy (a phase's, or one loaded between)
-        if new is not None:
-            self.actor.load(*new)
+        self.actor.refresh(self.params)   # the newest policy (a phase's, or one loaded between)
         t0 = time.perf_counter()
         before = self.actor.env_steps
         n, most = core.ratio.to_collect()

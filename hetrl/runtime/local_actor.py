@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -109,8 +108,6 @@ def actor_main(args: ActorArgs, ctrl, data, lifeline) -> None:
 def _run(args: ActorArgs, ctrl, data) -> None:
     import torch
 
-    from hetrl.actors import ExploreTable
-
     if args.one_thread:
         torch.set_num_threads(1)
     torch.set_flush_denormal(True)
@@ -131,14 +128,8 @@ def _run(args: ActorArgs, ctrl, data) -> None:
             if grant[0] == "load":
                 actor.load_state_dict(grant[1])
                 continue
-            t0 = time.perf_counter()
             half, n, table = grant
-            new = args.params.latest(actor.params_version)
-            if new is not None:
-                actor.load(*new)
-            start = actor.env_steps
-            rows = actor.collect(n, ExploreTable(table, start, actor.num_envs), out=halves[half], limit=n)
-            data.send(("chunk", half, rows, actor.env_steps - start, actor.params_version, actor.drain_episodes(),
-                       time.perf_counter() - t0))
+            rows, steps, busy = actor.take_grant(args.params, n, table, out=halves[half])
+            data.send(("chunk", half, rows, steps, actor.params_version, actor.drain_episodes(), busy))
     finally:
         actor.close()

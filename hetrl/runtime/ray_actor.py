@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from typing import Any
 
 
@@ -48,16 +47,7 @@ class RayActor:
     def collect(self, n: int, explore: list, params: Any, stage: bool = False) -> tuple:
         import ray
 
-        from hetrl.actors import ExploreTable
-
-        t0 = time.perf_counter()
-        new = params.latest(self.actor.params_version)
-        if new is not None:
-            self.actor.load(*new)
-        start = self.actor.env_steps
-        batch = self.actor.collect(n, ExploreTable(explore, start, self.actor.num_envs), limit=n)
-        steps = self.actor.env_steps - start
-        busy = time.perf_counter() - t0
+        batch, steps, busy = self.actor.take_grant(params, n, explore)
         rows = 0 if batch is None else len(batch["obs"])
         if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout
             return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, batch or {}
