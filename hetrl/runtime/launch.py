@@ -70,30 +70,34 @@ class DriverStop:
         return 0 <= at <= env_steps
 
 
-def _group_process(conn, target, lock, progress, stop_at, *job) -> None:
-    """A group's process: the terminal's Ctrl-C goes to the driver alone (this process leads its own process
-    group); sends back ("ok", what target returned) or ("error", the exception)."""
+_driver: tuple | None = None   # in a group's process: (lock, progress of each group, stop_at) of its driver
+
+
+def _driven(lock, progress, stop_at) -> None:
+    """A group process's start: it leads its own process group (the terminal's Ctrl-C goes to the driver alone)
+    and keeps what its driver shares with it."""
+    global _driver
     os.setpgrp()
-    try:
-        conn.send(("ok", target(*job, stopped=DriverStop(lock, progress, stop_at))))
-    except BaseException as e:  # noqa: BLE001 - sent to the driver, which raises it
-        try:
-            conn.send(("error", e))
-        except Exception:   # an exception that does not pickle: its line
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-    finally:
-        conn.close()
+    _driver = (lock, progress, stop_at)
+
+
+def _group(target, index: int, job: tuple):
+    lock, progress, stop_at = _driver
+    return target(*job, stopped=DriverStop(lock, progress[index], stop_at))
 
 
 def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, out: Path | None = None) -> list:
-    """`target(*job)` per job, in processes (`where` "local") or Ray tasks ("ray": `cpus` each, on the cluster of
-    cfg; the files a task returns under "files" are written into `out`)."""
+    """`target(*job)` per job, in processes (`where` "local": the local schedule's process context, a process
+    per job) or Ray tasks ("ray": `cpus` each, on the cluster of cfg; the files a task returns under "files" are
+    written into `out`). The first group's error is raised here (the groups share their settings)."""
     if where == "ray":
         return _run_ray(target, jobs, cfg, cpus, out)
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
+    from concurrent.futures import ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    from hetrl.runtime.local import _context
+
+    ctx = _context()
     lock, stop_at = ctx.Lock(), ctx.Value("q", -1, lock=False)
     progress = [ctx.Value("q", 0, lock=False) for _ in jobs]
 
@@ -102,41 +106,27 @@ def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, o
             if stop_at.value < 0:
                 stop_at.value = max(v.value for v in progress) + 1
 
-    procs, conns, results = [], [], [None] * len(jobs)
+    pool = ProcessPoolExecutor(len(jobs), mp_context=ctx, initializer=_driven, initargs=(lock, progress, stop_at))
+    futures = []
     try:
         with stop_signals() as stop:
-            for job, mine in zip(jobs, progress):
-                recv, send = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_group_process, name="hetrl-group",
-                                args=(send, target, lock, mine, stop_at, *job))
-                p.start()
-                send.close()
-                procs.append(p)
-                conns.append(recv)
-            while any(r is None for r in results):
+            futures = [pool.submit(_group, target, i, job) for i, job in enumerate(jobs)]
+            while wait(futures, timeout=0.5).not_done:
                 if stop:
                     ask_to_stop()
-                for c in wait([c for c, r in zip(conns, results) if r is None], timeout=0.5):
-                    i = conns.index(c)
-                    try:
-                        results[i] = c.recv()
-                    except EOFError:
-                        results[i] = ("error", f"the process of group {i} ended with exit code {procs[i].exitcode}")
-    except BaseException:   # a second signal: the groups still get a minute to save
+        results = [f.result() for f in futures]
+    except BrokenProcessPool:
+        raise HetrlError("a group failed: its process ended abruptly (killed, or out of memory)") from None
+    except KeyboardInterrupt:   # a second signal: the groups still get a minute to save
         ask_to_stop()
-        for p in procs:
-            p.join(60)
+        wait(futures, timeout=60)
         raise
-    for p in procs:
-        p.join()
-    errors = [r[1] for r in results if r[0] != "ok"]
-    if errors:   # the groups share their settings: the first one's error is the one to show
-        raise errors[0] if isinstance(errors[0], BaseException) else HetrlError(f"a group failed: {errors[0]}")
-    out_results = [r[1] for r in results]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     if stop.signal:
-        for r in out_results:
+        for r in results:
             r["interrupted"] = stop.signal
-    return out_results
+    return results
 
 
 def _run_ray(target, jobs: list[tuple], cfg, cpus: int, out: Path) -> list:
