@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 
 @dataclass
 class PopulationPlan:
@@ -37,15 +39,8 @@ class PopulationPlan:
 
 
 def split(members: int, groups: int) -> list[list[int]]:
-    """`members` indices in `groups` contiguous groups of sizes differing by at most one."""
-    groups = max(1, min(groups, members))
-    size, extra = divmod(members, groups)
-    out, start = [], 0
-    for g in range(groups):
-        n = size + (g < extra)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
+    """`members` indices in `groups` contiguous groups of sizes differing by at most one (the larger first)."""
+    return [a.tolist() for a in np.array_split(np.arange(members), max(1, min(groups, members)))]
 
 
 def plan_population(members: int, cores: float, kernel: str, side_by_side: bool, schedule: str | None = None,

@@ -228,7 +228,6 @@ class PopulationSchedule(Schedule):
         for core, store in zip(self.cores, self.params):
             core.attach(store)
         self.views = [MemberSchedule(self, i) for i in range(len(self.cores))]
-        self.versions = [-1] * len(self.cores)
         self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(self.cores)))
         # phases of members in threads only where the kernel runs without the GIL (the compiled one): torch's
         # eager ops on small networks hold it most of the time, and a loop is then faster
@@ -256,12 +255,16 @@ class PopulationSchedule(Schedule):
         policy = self.core.algo.stacked_policy([s.policy for s in specs], n)
         self.actor = Actor(s0.env, n * M, s0.env_seed, policy, s0.n_step, s0.gamma, s0.backend, groups=M,
                            seeds=[s.env_seed + j for s in specs for j in range(n)])
-        for m in range(M):
-            self._load(m, *self.params[m].latest(-1))
+        self.versions = [-1] * M
+        self._refresh()
 
-    def _load(self, m: int, state: dict, version: int) -> None:
-        self.actor.policy.load_member(m, state)
-        self.versions[m] = version
+    def _refresh(self) -> None:
+        """Each member's newest policy into its part of the stacked policy, where newer than the one it acts with."""
+        for m, store in enumerate(self.params):
+            new = store.latest(self.versions[m])
+            if new is not None:
+                self.actor.policy.load_member(m, new[0])
+                self.versions[m] = new[1]
 
     # ---- the protocol, one phase of every member ------------------------------------------------------
     def phase(self) -> list[tuple[float, int]]:
@@ -296,24 +299,16 @@ class PopulationSchedule(Schedule):
             core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
         # what each member's learner core allows now (its inline run's replay ratio)
         owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
+        learning = [m for m, k in enumerate(owed) if k]
         if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized \
                 and not self.core.rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
-        elif self._pool is not None and sum(1 for k in owed if k) > 1:
-            list(self._pool.map(self._learn, [m for m, k in enumerate(owed) if k]))
-        else:
-            for m, k in enumerate(owed):
-                if k:
-                    self._learn(m)
-        for m in range(M):
-            new = self.params[m].latest(self.versions[m])
-            if new is not None:
-                self._load(m, *new)
+        else:   # the gradient steps each member's learner core allows, as its inline run takes them
+            steps = (self._pool.map if self._pool is not None and len(learning) > 1 else map)(
+                lambda m: self.cores[m].learn_from(self.replays[m]), learning)
+            list(steps)
+        self._refresh()
         self._episodes.extend(actor.drain_episodes())
-
-    def _learn(self, m: int) -> None:
-        """The gradient steps member m's learner core allows, as its inline run takes them."""
-        self.cores[m].learn_from(self.replays[m])
 
     def _learn_together(self, n: int) -> None:
         """n gradient steps of every member, replayed from one CUDA graph with a branch per member."""
