@@ -16,6 +16,8 @@ $(BIN)/.installed: pyproject.toml
 	# torch first, pinned, so nothing below pulls another (CUDA) build
 	$(BIN)/pip install $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -e '.[$(EXTRAS)]'
+	# the CPU learner kernel compiled into numba's cache now, so that no run waits for it
+	-$(BIN)/hetrl warm
 	touch $@
 
 install: $(BIN)/.installed

@@ -89,6 +89,18 @@ def _add_settings(sub) -> None:
     p.set_defaults(func=cmd_settings)
 
 
+def _add_warm(sub) -> None:
+    p = sub.add_parser("warm", help="compile the CPU learner kernel into numba's cache now (make install does), "
+                                    "so that no run waits for it")
+    p.set_defaults(func=cmd_warm)
+
+
+def cmd_warm(args) -> int:
+    from hetrl.kernels.compiled.warm import warm
+
+    return 1 if warm(say=lambda msg: print(msg, file=sys.stderr)) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     import hetrl
 
@@ -99,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_settings(sub)
     _add_algorithms(sub)
+    _add_warm(sub)
     from hetrl.planner.cli import register as register_planner
     from hetrl.tabular.cli import register as register_tabular
     from hetrl.report.cli import register as register_report

@@ -1,6 +1,4 @@
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -9,51 +7,16 @@ import torch
 torch.set_num_threads(1)
 os.environ.setdefault("HETRL_TEST", "1")
 
-# The compiled learner kernel's VM (which runs the phases derived from an algorithm's learn), heads and acting,
-# compiled into numba's on-disk cache before any test runs (a minute or more per head on a cold cache, e.g. a fresh
-# clone), in three processes side by side: otherwise every test process that meets one first (test workers, local
-# actors, Ray workers) compiles it at the same time.
-WARM = """
-import sys
-import gymnasium as gym
-from hetrl.algos import make_algorithm
-from hetrl.config import make_config
-from hetrl.kernels.compiled import CompiledKernel, available
-if available() is None:
-    for name in sys.argv[1:]:
-        if name == "derived":   # the VM that runs every phase derived from an algorithm's learn (one per machine)
-            import torch
-            from hetrl.kernels import synthetic_batch
-            e = gym.make("CartPole-v1")
-            algo = make_algorithm(make_config("dqn", "CartPole-v1", {"net_arch": [8]}), e.observation_space,
-                                  e.action_space)
-            kernel = CompiledKernel(algo, path="derived")
-            b = synthetic_batch(type(algo).replay_fields(e.observation_space, e.action_space), e.action_space, 8,
-                                1, "cpu")[0]
-            for _ in range(2):   # (the first phase is the public learn: it makes the optimizer's state)
-                kernel.learn(b, torch.ones(1, 8))
-            kernel.close()
-            continue
-        env = "CartPole-v1" if name == "dqn" else "Pendulum-v1"
-        e = gym.make(env)
-        algo = make_algorithm(make_config(name, env, {"net_arch": [8, 8]}), e.observation_space, e.action_space)
-        kernel = CompiledKernel(algo)
-        kernel.wrap_policy(algo.make_policy(seed=0, num_envs=1)).act(e.reset(seed=0)[0][None], False)
-        kernel.close()
-"""
-
-
+# The compiled learner kernel compiled into numba's on-disk cache before any test runs (`hetrl warm`, which
+# `make install` runs: seconds where it is cached, minutes where it is not), in three
+# processes side by side: otherwise every test process that meets it first (test workers, local actors, Ray workers)
+# compiles it at the same time.
 def pytest_configure(config):
     if hasattr(config, "workerinput") or os.environ.get("HETRL_TEST_NO_WARM"):   # the controlling process only
         return
-    procs = [subprocess.Popen([sys.executable, "-c", WARM, *names], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-             for names in (("ddpg", "td3"), ("dqn", "sac"), ("crossq", "derived"))]
-    for p in procs:   # a failure here shows again, with its message, in the tests of the kernel
-        try:
-            p.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    from hetrl.kernels.compiled.warm import warm
+
+    warm(timeout=600)   # a failure here shows again, with its message, in the tests of the kernel
 
 
 # The longest files first: pytest-xdist hands whole files to its workers in collection order, so a long file

@@ -68,6 +68,15 @@ def test_settings_command(capsys):
     assert code == 0 and "lr" in out and "0.5" in out
 
 
+def test_warm_compiles_the_cpu_kernel_into_the_cache(capsys):
+    """`hetrl warm` (make install runs it): the kernel is cached already here (conftest warms it), so it loads."""
+    from hetrl.kernels.compiled import available
+
+    assert main(["warm"]) == 0
+    err = capsys.readouterr().err
+    assert ("in numba's cache" if available() is None else "nothing to compile") in err
+
+
 def test_train_eval_resume_happy_path(capsys, tmp_path):
     out = tmp_path / "run"
     tiny = ["--set", "learning_starts=200", "--set", "train_freq=100", "--set", "gradient_steps=10",
