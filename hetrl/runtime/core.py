@@ -169,17 +169,18 @@ class LearnerCore:
         else:
             group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
                                                                  cfg.priority_lag)
-        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
-                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
-                                            algo=self.algo)
-        self._use_kernel(self.kernel_choice)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = not self.rollout and cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
         self.storage_arrays = (RolloutStorage if self.rollout else FrameStorage if self.frames else Storage).layout(
             cfg.buffer_size, self.spec)
-        # before any storage, staging or GPU buffer is allocated: refuse a replay the device cannot hold
+        # before any storage, staging or GPU buffer is allocated, and before the kernels are measured: refuse a replay
+        # the device cannot hold
         self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, "cpu" if self.frames else self.device,
                                                 arrays=self.storage_arrays)
+        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
+                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
+                                            algo=self.algo)
+        self._use_kernel(self.kernel_choice)
         self.c = Counters()
         self.params: ParameterStore | None = None
         self.publish_every = max(1, cfg.system.publish_interval * grads_per_phase(cfg))
