@@ -107,31 +107,64 @@ def test_one_and_two_threads_give_the_same_bits():
 
 
 def test_the_lane_governor_drops_to_one_lane_where_it_is_faster_and_tries_again():
-    """A phase's bits do not depend on its lanes, so the lanes follow the clock: n while n is not slower than one,
-    one lane while it is faster (a small phase, a core another process holds), n tried again every PROBE phases."""
+    """A phase's bits do not depend on its lanes, so the lanes follow the clock: the first phases alternate n and
+    one, then n while n is not slower than one, one lane while it is faster (a small phase, a core another process
+    holds); the other count is tried at once where the chosen one's times shift, and at doubling gaps otherwise."""
     from hetrl.kernels.compiled.derived import Lanes
 
-    gov = Lanes(2)
-    assert gov.pick() == 2
-    gov.record(2, 1.0)
-    assert gov.pick() == 1
-    gov.record(1, 2.0)          # two lanes twice as fast: kept, one lane tried every PROBE phases
-    picks = []
-    for _ in range(2 * Lanes.PROBE):
-        k = gov.pick()
-        picks.append(k)
-        gov.record(k, 1.0 if k == 2 else 2.0)
-    assert picks.count(1) == 2 and picks[-1] == 1
-    for _ in range(Lanes.KEEP):   # a core taken: two lanes slower than one was
-        k = gov.pick()
-        gov.record(k, 3.0 if k == 2 else 2.0)
-    assert gov.pick() == 1
-    picks = []
-    for _ in range(3 * Lanes.PROBE):   # the core given back: the probes see it, two lanes again
-        k = gov.pick()
-        picks.append(k)
-        gov.record(k, 1.0 if k == 2 else 2.0)
+    gov, now = Lanes(2), 0.0
+
+    def phases(count, two, one, step=0.01):
+        nonlocal now
+        picks = []
+        for _ in range(count):
+            now += step
+            k = gov.pick(now)
+            picks.append(k)
+            gov.record(k, two if k == 2 else one, now)
+        return picks
+
+    assert phases(2 * Lanes.KEEP, 1.0, 2.0) == [2, 1] * Lanes.KEEP
+    assert gov.use == 2                     # two lanes twice as fast: kept
+    picks = phases(400, 1.0, 2.0)           # one lane tried one phase at a time, at gaps that double
+    assert 2 <= picks.count(1) <= 5 and gov.use == 2 and gov.gap == Lanes.GAP_MAX_S
+    picks = phases(2 + Lanes.KEEP, 3.0, 2.0)    # a core taken: two lanes slower than one was, tried at once
+    assert gov.use == 1 and picks == [2, 2] + [1] * Lanes.KEEP
+    picks = phases(40, 3.0, 2.0)            # no n-lane phase but the tries
+    assert picks.count(2) <= 2
+    picks = phases(400, 1.0, 2.0)           # the core given back: a try sees it, two lanes again
     assert picks[-1] == 2 and gov.use == 2
+
+
+def test_a_phase_with_nothing_for_a_second_lane_runs_one_lane_from_its_first_phase():
+    """A program none of whose segments holds two tasks (a small batch: one row block) gives a second lane nothing
+    to do but wait: it runs one lane from its first phase, without timing two."""
+    from hetrl.kernels.compiled import derived
+    from hetrl.kernels.compiled.derived import lane_share
+
+    make = _maker("qrdqn", n_quantiles=8)
+    phases, weights = _phases(make, K=2, B=64, n=4)
+    kernel = CompiledKernel(make())
+    try:
+        kernel.use_threads(2)
+        for b in phases:
+            kernel.learn(b, weights)
+        ((uid, _), gov), = kernel.derived._lanes.items()
+        assert gov.fixed and kernel.derived.lanes_run == {1: len(phases) - 1}   # (the first: the public learn)
+        (unit,) = [u for u in derived._PROGRAMS.values() if id(u) == uid]
+        assert lane_share(unit.prog, 2) == 0.0
+    finally:
+        kernel.close()
+    big = CompiledKernel(make())      # 256 rows: four row blocks, which two lanes share
+    try:
+        big.use_threads(2)
+        b2, w2 = _phases(make, K=2, B=256, n=2)
+        for b in b2:
+            big.learn(b, w2)
+        (gov,) = big.derived._lanes.values()
+        assert not gov.fixed and big.derived.lanes_run == {2: 1}
+    finally:
+        big.close()
 
 
 class _Reads:   # learn that reads a tensor's value in Python

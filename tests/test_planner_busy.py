@@ -401,7 +401,25 @@ def test_a_run_short_of_its_prediction_keeps_the_faster_of_two_plans_and_writes_
     table.save(tmp_path / "q.json")
     back = SimulatedRun({1: 300.0, 2: 200.0}, threads=1)
     f = _follow(back, tmp_path / "q.json", predicted=600.0)
-    assert back.governor.planned == 1 and "not kept" in f.figures()["plan_follow"]["why"]
+    why = f.figures()["plan_follow"]["why"]
+    assert back.governor.planned == 1 and "not kept" in why
+    # ... and its trial stopped in its first window, a quarter of it run far below the plan's rate
+    tried = {p["plan"]["threads"]: p for p in f.figures()["plans_tried"]}
+    assert "stopped early" in why and tried[2]["windows"] == 1
+
+
+def test_a_run_short_by_what_the_model_misses_on_every_thread_count_tries_nothing(tmp_path):
+    """On a quiet machine the model's error measured on the run holds for the other plans too: where, corrected
+    by it, none is predicted faster than the run measures, no trial costs the run a window."""
+    table = synthetic_table(learn_s={"cpu": {1: 4e-3, 2: 3.9e-3}}, batch_size=32)
+    table.save(tmp_path / "p.json")
+    f = _follow(SimulatedRun({1: 300.0, 2: 290.0}, threads=1), tmp_path / "p.json", predicted=600.0)
+    figs = f.figures()
+    assert figs["plan_follow"]["short"] and figs["plan_follow"]["trials"] == 0
+    assert "leaves none faster" in figs["plan_follow"]["why"] and len(figs["plans_tried"]) == 1
+    # under foreign load the thread counts are hurt unequally: the other is tried
+    busy = _follow(SimulatedRun({1: 300.0, 2: 290.0}, threads=1), tmp_path / "p.json", predicted=600.0, foreign=1.5)
+    assert busy.figures()["plan_follow"]["trials"] == 1
 
 
 def test_a_run_whose_prediction_rested_on_provisional_entries_tries_the_next_plan_though_within_its_error(tmp_path):

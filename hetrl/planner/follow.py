@@ -10,8 +10,12 @@ can switch to at a phase boundary without changing what is learned (another lear
 the kernel's results do not depend on the thread count: `Kernel.threads_exact`; best first by the model)
 where the run falls short by more than the model's error (MODEL_ERROR), and also where the run is within
 it but the plan's prediction rested on provisional profile entries (measured under load, priced by a prior:
-search.py's `rests_on_provisional`), since the plan chosen then may not be the best one. It runs that plan
-and the run's own in alternating windows (TRIAL_PAIRS of each), keeps the faster (by KEEP_MARGIN at least),
+search.py's `rests_on_provisional`), since the plan chosen then may not be the best one. A run short of its
+prediction on a quiet machine tries nothing where the model's error measured on the run itself (its rate against
+the model's price of its plan), applied to the alternatives, leaves none faster than the run measures: the model
+was off for every thread count alike. It runs that plan and the run's own in alternating windows (TRIAL_PAIRS of
+each; a trial window running below ABORT of the plan's rate once a quarter of it has run ends the trial there,
+so a plan far slower costs the run little), keeps the faster (by KEEP_MARGIN at least),
 and writes what it measured at each thread count back into the profile, marked measured in a run
 (profile/table.py: record_in_run; from the windows in which other processes kept no cores busy, and
 provisional where there were none), so the next plan on this machine prices that workload with it.
@@ -39,6 +43,8 @@ WINDOW_S = 2.0         # seconds of training per window
 WATCH_WINDOWS = 2      # windows of the plan before it is judged
 TRIAL_PAIRS = 2        # windows of the alternative, each followed by one of the plan
 KEEP_MARGIN = 0.03     # the alternative is kept only where it measured this much faster
+ABORT = 0.8            # a trial window running below this share of the plan's rate ends the trial at once
+ABORT_AFTER = 0.25     # ... judged once this share of a window has run
 MAX_TRIALS = 2         # alternatives tried per run
 PAYBACK = 3.0          # a trial starts only where the run has this many trials' time left
 SCHEDULE_FIXED = ("chosen once, before the first update: a seed's local run (actors a phase behind the learner) is "
@@ -104,6 +110,7 @@ class Follower:
         self._table = table
         self.tried: dict[int, Tried] = {core.governor.threads: Tried(core.governor.threads, self.predicted or None)}
         self.base = core.governor.threads
+        self.stopped = False            # the last trial ended early, its first window clearly slower
 
     # ---- what the run can switch to --------------------------------------------------------------------
     def alternatives(self) -> list[tuple[int, float | None]]:
@@ -154,6 +161,12 @@ class Follower:
             return
         now = self.core.elapsed()
         if now < self._next:
+            if self.state == "trial" and self._clearly_slower(now):
+                self._close(now)
+                self.queue = []
+                self.stopped = True
+                self._decide()
+                self._open(self.core.elapsed())
             return
         if self.state == "warm":
             mark = self.core.learn_mark
@@ -173,6 +186,20 @@ class Follower:
         if self.queue:
             self._switch(self.queue.pop(0))
         self._open(self.core.elapsed())
+
+    def _clearly_slower(self, now: float) -> bool:
+        """Whether the trial's window in progress, a quarter of it run, is clearly slower than the plan (ABORT): a
+        trial of a plan far below costs the run no more than that quarter."""
+        w, c = self.window, self.core.c
+        if w is None or w.threads != self.alt or w.threads != self.core.governor.threads:
+            return False
+        dt = now - w.t0
+        base = self.tried[self.base].windows
+        if dt < ABORT_AFTER * self.window_s or not base:
+            return False
+        grads = c.gradient_steps - w.grads0
+        rate = (grads / self.rr if grads else c.env_steps - w.env0) / dt
+        return rate < ABORT * statistics.median(x.rate for x in base[-(TRIAL_PAIRS + 1):])
 
     def _open(self, now: float) -> None:
         c = self.core.c
@@ -209,7 +236,31 @@ class Follower:
             self.why = (f"measured {rate:,.0f} env steps/s against {self.predicted:,.0f} predicted: within the model's "
                         f"error ({100 * MODEL_ERROR:.0f}%)" if self.predicted else "no prediction to hold it against")
             return
+        none = self._none_faster(rate)
+        if none:
+            self.state, self.why = "settled", f"measured {rate:,.0f} env steps/s against {self.predicted:,.0f} " \
+                                              f"predicted; {none}"
+            return
         self._try_next(rate)
+
+    def _none_faster(self, rate: float) -> str:
+        """Why no other plan is worth a trial ("" where one is): on a quiet machine the model's error measured on
+        this run (its rate against the model's price of the plan) holds for the other thread counts too, so an
+        alternative is tried only where, corrected by it, it is still predicted faster than the run measures. Under
+        foreign load the thread counts are hurt unequally (a lane waits for a descheduled one): every alternative
+        is tried."""
+        if any(w.loaded for w in self.tried[self.base].windows):
+            return ""
+        own = self.predict(self.base)
+        alts = self.alternatives()
+        if not own or not alts or any(p is None for _, p in alts):
+            return ""
+        err = rate / own
+        best_t, best = alts[0]
+        if best * err > rate * (1 + KEEP_MARGIN):
+            return ""
+        return (f"the model's error measured on this run ({100 * (err - 1):+.0f}% on a quiet machine) applied to the "
+                f"other thread counts leaves none faster ({best_t} thread(s): {best * err:,.0f} env steps/s)")
 
     def _try_next(self, rate: float, reason: str = "") -> None:
         short = f"measured {rate:,.0f} env steps/s " + (reason or f"against {self.predicted:,.0f} predicted")
@@ -251,6 +302,9 @@ class Follower:
             return
         recent = b.windows[-(TRIAL_PAIRS + 1):]
         base_rate = statistics.median(w.rate for w in recent)
+        if self.stopped:
+            self.cause += f" (the trial stopped early: its first window ran under {100 * ABORT:.0f}% of the plan's rate)"
+            self.stopped = False
         if a.rate() > base_rate * (1 + KEEP_MARGIN):
             a.kept, b.kept = True, False
             self.base = alt

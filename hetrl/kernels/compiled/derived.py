@@ -42,38 +42,130 @@ class Lanes:
     More lanes lose where a phase's work per segment is below what handing tasks between lanes costs (a small
     network's update), and where another process holds a core: a lane descheduled in the middle of a segment
     holds up every later one. A phase computes the same bits on any number of lanes (fixed tasks, sums in a fixed
-    order), so the choice is free to follow the clock: the wall time per unit of the last few phases on each
-    count, their medians compared; the count not in use is tried again every PROBE phases, so a core given back
-    (or taken) is seen within a few probes."""
+    order), so the choice is free to follow the clock:
 
-    PROBE = 20          # phases between tries of the count not in use
-    KEEP = 3            # phases per count whose times are compared (their median)
+    * a program none of whose segments holds two tasks (`lane_share` 0) runs one lane from its first phase: more
+      lanes could only wait for each other;
+    * otherwise its first 2 KEEP phases alternate n and one lane, and the count whose median wall time per unit is
+      lower is chosen (n unless one is faster by more than MARGIN);
+    * then the other count is tried for one phase at a time, at gaps that double (GAP_S up to GAP_MAX_S, at least
+      GAP_PHASES phases) while the tries confirm the choice; a try that looks faster goes on to KEEP phases before
+      the choice changes. Where the chosen count's phases become SHIFT times slower or faster than when it was
+      chosen (a process took or gave back a core), the other is tried at the next phase."""
+
+    KEEP = 3            # phases per count compared (their median)
     MARGIN = 1.05       # n lanes are kept unless one is faster by more than this
+    GAP_S, GAP_MAX_S = 0.25, 2.0
+    GAP_PHASES = 8
+    SHIFT = 1.5
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, share: float = 1.0):
         self.n = n
+        self.fixed = share <= 0.0
         self.times: dict[int, list[float]] = {n: [], 1: []}
-        self.use = n
+        self.use: int | None = 1 if self.fixed else None   # None: the first phases, alternating
+        self.base = 0.0         # the chosen count's median when it was chosen
+        self.gap = self.GAP_S
+        self.tried_at = 0.0
         self.since = 0
+        self.trying = False
+        self.due = False
+        self.tries = 0
 
-    def pick(self) -> int:
-        if not self.times[self.n]:
-            return self.n
-        if not self.times[1]:
+    def other(self) -> int:
+        return 1 if self.use == self.n else self.n
+
+    def pick(self, now: float | None = None) -> int:
+        if self.fixed:
             return 1
+        if self.use is None:
+            return self.n if len(self.times[self.n]) <= len(self.times[1]) else 1
+        if self.trying:
+            return self.other()
+        now = time.perf_counter() if now is None else now
         self.since += 1
-        if self.since >= self.PROBE:
-            self.since = 0
-            return 1 if self.use == self.n else self.n
+        if self.due or (self.since > self.GAP_PHASES and now - self.tried_at >= self.gap):
+            self.trying, self.due = True, False
+            self.tries += 1
+            self.times[self.other()].clear()
+            return self.other()
         return self.use
 
-    def record(self, lanes: int, s_per_unit: float) -> None:
+    def _prefer(self) -> int:
+        one, many = float(np.median(self.times[1])), float(np.median(self.times[self.n]))
+        return 1 if one * self.MARGIN < many else self.n
+
+    def _choose(self, now: float) -> None:
+        use = self._prefer()
+        if use == self.use:
+            self.gap = min(2 * self.gap, self.GAP_MAX_S)
+        else:
+            self.gap = self.GAP_S
+        self.use = use
+        self.base = float(np.median(self.times[use]))
+        self.tried_at, self.since, self.trying = now, 0, False
+
+    def record(self, lanes: int, s_per_unit: float, now: float | None = None) -> None:
+        if self.fixed:
+            return
+        now = time.perf_counter() if now is None else now
         t = self.times[lanes]
         t.append(s_per_unit)
         del t[:-self.KEEP]
-        if self.times[1] and self.times[self.n]:
-            one, many = float(np.median(self.times[1])), float(np.median(self.times[self.n]))
-            self.use = 1 if one * self.MARGIN < many else self.n
+        if self.use is None:
+            if len(self.times[1]) >= self.KEEP and len(self.times[self.n]) >= self.KEEP:
+                self._choose(now)
+            return
+        if self.trying:
+            # a try that looks faster runs KEEP phases before the choice changes; one that is slower ends at once
+            if self._prefer() == lanes and len(t) < self.KEEP:
+                return
+            self._choose(now)
+            return
+        med = float(np.median(t))
+        if len(t) >= self.KEEP and self.base > 0 and not self.base / self.SHIFT <= med <= self.base * self.SHIFT:
+            self.due = True
+            self.gap = self.GAP_S
+
+
+def task_work(prog: Program) -> np.ndarray:
+    """An estimate of each task's work (multiply-adds, element passes times their expression's length): a job's
+    instructions run once per task of the job, each task on its share (a chunk of rows, columns or elements)."""
+    INS = prog.INS
+    per = np.zeros(len(INS), np.float64)
+    for i, row in enumerate(INS):
+        kind = int(row[vm.I_KIND])
+        if kind == vm.K_GEMM:
+            per[i] = float(row[vm.I_M]) * float(row[vm.I_N]) * float(row[vm.I_K]) * max(1, int(row[vm.I_BATCH]))
+        elif kind == vm.K_ADAM:
+            per[i] = 8.0 * float(row[vm.I_NUMEL])
+        else:
+            dims = [max(1, int(d)) for d in row[vm.I_D0:vm.I_SPLIT]]
+            per[i] = float(np.prod(dims)) * max(1, int(row[vm.I_NCODE]))
+    jobs: dict[tuple, int] = {}
+    for s, i0, i1, _ in prog.TASKS:
+        jobs[(int(s), int(i0), int(i1))] = jobs.get((int(s), int(i0), int(i1)), 0) + 1
+    return np.array([per[int(i0):int(i1)].sum() / jobs[(int(s), int(i0), int(i1))] for s, i0, i1, _ in prog.TASKS],
+                    np.float64)
+
+
+def lane_share(prog: Program, n: int) -> float:
+    """The share of a phase's work that n lanes take off one lane (0: no segment holds two tasks, so more lanes
+    only wait for each other): per segment, its work less its tasks' longest-first makespan on n lanes."""
+    if n <= 1 or len(prog.TASKS) == 0:
+        return 0.0
+    work = task_work(prog)
+    total = float(work.sum()) or 1.0
+    saved = 0.0
+    for s in range(len(prog.SEGSTART) - 1):
+        w = sorted(work[prog.SEGSTART[s]:prog.SEGSTART[s + 1]], reverse=True)
+        if len(w) < 2:
+            continue
+        loads = [0.0] * n
+        for x in w:
+            loads[loads.index(min(loads))] += x
+        saved += sum(w) - max(loads)
+    return saved / total
 
 
 def _numpy_dtype(dt):
@@ -272,7 +364,7 @@ class Derived:
         if lanes > 1 and self.profile_cycles is None:
             gov = self._lanes.get((id(unit), lanes))
             if gov is None:
-                gov = self._lanes[(id(unit), lanes)] = Lanes(lanes)
+                gov = self._lanes[(id(unit), lanes)] = Lanes(lanes, lane_share(prog, lanes))
             lanes = gov.pick()
         self.lanes_run[lanes] = self.lanes_run.get(lanes, 0) + 1
         regs, counters = self.registers(prog, lanes)
