@@ -336,6 +336,14 @@ def bench_learning(doc):
 def bench_sb3_api(doc):
     entries = []
     for c in doc["cases"]:
+        if "hetrl_over_sb3_speed" in c:   # --script: SB3's script with either import
+            t = {lib: med(r["seconds"] for r in c["runs"] if r["lib"] == lib) for lib in ("hetrl", "sb3")}
+            ev = {lib: med(r["eval_mean"] for r in c["runs"] if r["lib"] == lib) for lib in ("hetrl", "sb3")}
+            entries.append(Entry("sb3api", c["case"], f"`{c['case']}`, SB3's script with only its import changed: "
+                                                     f"hetrl / SB3 speed **{c['hetrl_over_sb3_speed']:.2f}x** "
+                                                     f"({num(t['hetrl'])} / {num(t['sb3'])} s), eval "
+                                                     f"{num(ev['hetrl'])} / {num(ev['sb3'])}"))
+            continue
         t = {h: med(r["seconds"] for r in c["runs"] if r["how"] == h) for h in ("class", "train")}
         entries.append(Entry("sb3api", c["case"], f"`{c['case']}`: class / train time **{c['class_over_train_time']:.2f}** "
                                                  f"({num(t['class'])} / {num(t['train'])} s)"))

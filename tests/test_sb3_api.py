@@ -161,6 +161,27 @@ def test_policies():
         DQN("LnMlpPolicy", "CartPole-v1")
 
 
+class _ImageAndVector(gym.Env):
+    """SB3's SimpleMultiObsEnv's kind of observation: a vector and an image in a Dict."""
+    observation_space = gym.spaces.Dict({"vec": gym.spaces.Box(0, 1, (5,)),
+                                         "img": gym.spaces.Box(0, 255, (1, 16, 16), np.uint8)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+def test_a_dict_observation_with_an_image_is_one_line():
+    """SB3 runs a Dict's image through a CNN; hetrl would flatten raw pixels into its MLP: refused."""
+    with pytest.raises(UsageError, match=r"hold images \('img' \(1, 16, 16\)\)") as e:
+        DQN("MultiInputPolicy", _ImageAndVector(), plan="none")
+    assert "\n" not in str(e.value)
+
+
 def test_policy_kwargs_map_to_settings():
     m = SAC("MlpPolicy", "Pendulum-v1", seed=0, policy_kwargs=dict(net_arch=dict(pi=[64, 64], qf=[400, 300]),
                                                                    activation_fn=torch.nn.Tanh, n_critics=2))

@@ -28,7 +28,7 @@ REQUIRES = {"basic_usage_dqn_lunar": ["Box2D"], "monitoring_training_td3": ["Box
             "tensorboard_basic": ["tensorboard"], "tensorboard_more_values": ["tensorboard"],
             "progress_bar_callback": ["tqdm", "rich"]}
 # what hetrl refuses with a UsageError, on purpose (docs/sb3.md says why)
-REFUSED = {"dict_observations": "Dict observations (MultiInputPolicy) for PPO"}
+REFUSED = {"dict_observations": "a Dict observation holding an image, which SB3 runs through a CNN"}
 
 
 def examples() -> list[str]:

@@ -85,6 +85,33 @@ def check_policy(name: str, algo_cls, raw_space, obs_space) -> None:
     if name == "MultiInputPolicy" and not isinstance(raw_space, gym.spaces.Dict):
         raise UsageError(f"policy='MultiInputPolicy' needs Dict observations, this env gives {raw_space}; "
                          "pass 'MlpPolicy'")
+    images = image_entries(raw_space)
+    if images:
+        raise UsageError(f"policy={name!r}: the observations hold images ({', '.join(images)}), which SB3 runs "
+                         "through a CNN; hetrl flattens Dict and Tuple observations into one vector for its MLP, which would "
+                         "take raw pixels: leave the image out of the observations (a wrapper), or give images "
+                         "alone with policy='CnnPolicy' (DQN)")
+
+
+def image_entries(space, where: str = "") -> list[str]:
+    """The entries of a Dict / Tuple observation space that SB3 takes for images (its is_image_space: a 3-D uint8
+    Box of 0..255), which its CombinedExtractor runs through a CNN: ["'img' (1, 64, 64)", ...]."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Dict):
+        items = [(f"{where}[{k!r}]" if where else repr(k), sub) for k, sub in space.spaces.items()]
+    elif isinstance(space, gym.spaces.Tuple):
+        items = [(f"{where}[{i}]" if where else f"[{i}]", sub) for i, sub in enumerate(space.spaces)]
+    else:
+        return []
+    out = []
+    for label, sub in items:
+        if isinstance(sub, (gym.spaces.Dict, gym.spaces.Tuple)):
+            out += image_entries(sub, label)
+        elif (isinstance(sub, gym.spaces.Box) and sub.dtype == np.uint8 and len(sub.shape) == 3
+              and np.all(sub.low == 0) and np.all(sub.high == 255)):
+            out.append(f"{label} {tuple(sub.shape)}")
+    return out
 
 
 # ---- the values -------------------------------------------------------------------------------------------
