@@ -24,6 +24,8 @@ SPACES = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HETRL_CACHE_DIR", str(tmp_path / "cache"))
+    # no load readings: the other test processes beside this one would make a choice provisional at random
+    monkeypatch.setattr("hetrl.planner.load.sample", lambda: None)
 
 
 def _setup(**settings):
@@ -104,6 +106,30 @@ def test_a_choice_cached_by_other_kernel_code_is_measured_again(monkeypatch):
     assert again.source == "measured" and first.source == "measured"
     assert choose(cfg, make, *SPACES, spec, "cpu", 4).source == "cache"
     assert json.loads(sel._cache_file().read_text())["kernels"] == "other-kernel-code"
+
+
+def test_a_choice_timed_under_foreign_load_is_provisional_and_measured_again_once_quiet(monkeypatch):
+    """A busy moment does not decide every later run: a choice timed while other processes kept cores busy is
+    cached as provisional (`hetrl plan` says so), used while the machine stays busy, and measured again by the
+    first run that finds it quiet."""
+    from hetrl.planner import load
+
+    busy = load.Load(foreign=1.0, seconds=1.0, core_busy=[1.0, 1.0], loadavg=2.0, cores=2)
+    quiet = load.Load(foreign=0.0, seconds=1.0, core_busy=[0.0, 0.0], loadavg=0.1, cores=2)
+    readings = iter([load.Sample(t=0.0, busy=[0.0, 0.0], idle=[0.0, 0.0], own=0.0, loadavg=None)] * 2)
+    monkeypatch.setattr(load, "sample", lambda: next(readings, None))
+    monkeypatch.setattr(load.Load, "between", classmethod(lambda cls, a, b: busy))
+    cfg, make, spec = _setup()
+    first = choose(cfg, make, *SPACES, spec, "cpu", 4)
+    assert first.source == "measured" and "other processes kept 1.00 of 2 cores busy" in first.loaded
+    assert any("provisional" in line for line in first.explain())
+    monkeypatch.setattr(load, "quiet_check", lambda *a, **k: busy)
+    assert choose(cfg, make, *SPACES, spec, "cpu", 4).source == "cache"
+    monkeypatch.setattr(load, "quiet_check", lambda *a, **k: quiet)
+    monkeypatch.setattr(load, "sample", lambda: None)
+    again = choose(cfg, make, *SPACES, spec, "cpu", 4)
+    assert again.source == "measured" and again.loaded == ""
+    assert choose(cfg, make, *SPACES, spec, "cpu", 4).source == "cache"
 
 
 def test_the_choice_is_made_once_per_machine_and_a_pinned_kernel_that_cannot_run_is_one_line():

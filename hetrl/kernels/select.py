@@ -64,6 +64,7 @@ class Choice:
     differs: dict = field(default_factory=dict)          # candidate -> the largest difference found
     declined: dict = field(default_factory=dict)         # candidate -> why it does not apply (check())
     checked: dict = field(default_factory=dict)          # candidate -> {"max_abs_diff":..., "phases":..., "steps":...}
+    loaded: str = ""     # measured while other processes kept cores busy (what they did): provisional, see choose()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -80,6 +81,9 @@ class Choice:
                "checkpoint": "as the run was started with", "pinned": "set by hand",
                "only": "the only kernel that applies"}.get(self.source, self.source)
         lines = [f"learner kernel: {self.name} ({how}" + (f"; ms per update: {times}" if times else "") + ")"]
+        if self.loaded:
+            lines.append(f"learner kernel: provisional, timed while {self.loaded}; measured again once the machine "
+                         "is quiet")
         for n, why in self.differs.items():
             lines.append(f"learner kernel {n} dropped: it differs from the public kernel here ({why})")
         for n, why in self.declined.items():
@@ -344,8 +348,16 @@ def kernels_version() -> str:
 
 
 def cached(key: str) -> Choice | None:
+    """This machine's choice for `key`, or None: none made by this kernel code, or a provisional one (timed under
+    foreign load) while the machine is quiet now, so that it is measured again."""
     data = _read_cache()
     got = data.get("choices", {}).get(key) if data.get("kernels") == kernels_version() else None
+    if got is not None and got.get("loaded"):
+        from hetrl.planner.load import quiet_check
+
+        now = quiet_check()
+        if now is not None and not now.busy:
+            return None
     return Choice.from_json(got) if got is not None else None
 
 
@@ -407,7 +419,15 @@ def choose(cfg, make_algo: Callable[[], Any], obs_space, act_space, spec: dict, 
         if got is not None:
             got.source = "cache"
             return got
+    # a busy moment must not decide every later run: a choice timed while other processes kept cores busy (a lane
+    # that waits for a descheduled one makes a kernel look slow) is cached as provisional and measured again by the
+    # first run that finds the machine quiet
+    from hetrl.planner.load import Watch
+
+    watch = Watch().start()
     got = select(make_algo, spec, act_space, cfg.batch_size, steps, device, seed=cfg.seed)
+    load = watch.stop()
+    got.loaded = load.short() if load is not None and load.busy else ""
     remember(key, got)
     return got
 
