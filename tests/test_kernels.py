@@ -123,8 +123,11 @@ def test_a_choice_timed_under_foreign_load_is_provisional_and_measured_again_onc
     first = choose(cfg, make, *SPACES, spec, "cpu", 4)
     assert first.source == "measured" and "other processes kept 1.00 of 2 cores busy" in first.loaded
     assert any("provisional" in line for line in first.explain())
+    sel = sys.modules["hetrl.kernels.select"]
+    monkeypatch.setattr(sel, "_settled", {})   # (as another process would find it)
     monkeypatch.setattr(load, "quiet_check", lambda *a, **k: busy)
     assert choose(cfg, make, *SPACES, spec, "cpu", 4).source == "cache"
+    monkeypatch.setattr(sel, "_settled", {})
     monkeypatch.setattr(load, "quiet_check", lambda *a, **k: quiet)
     monkeypatch.setattr(load, "sample", lambda: None)
     again = choose(cfg, make, *SPACES, spec, "cpu", 4)

@@ -395,6 +395,11 @@ def _update_cache(change: Callable[[dict], Any]) -> None:
         pass   # a read-only cache: the choice is made again next time
 
 
+# per process, what choose() settled on per cache file, shape and kernel code: the runs of one process keep one
+# kernel per shape even where a provisional choice is measured again by another process meanwhile
+_settled: dict[tuple, Choice] = {}
+
+
 def choose(cfg, make_algo: Callable[[], Any], obs_space, act_space, spec: dict, device, steps: int,
            algo=None, saved: dict | None = None, refresh: bool = False) -> Choice:
     """The kernel for a run: pinned by `cfg.system.learner_kernel`, else the checkpoint's (`saved`), else this
@@ -414,10 +419,12 @@ def choose(cfg, make_algo: Callable[[], Any], obs_space, act_space, spec: dict, 
             got.source = "checkpoint"
             return got
     key = shape_key(cfg, obs_space, act_space, device, steps)
+    here = (str(_cache_file()), key, kernels_version())
     if not refresh:
-        got = cached(key)
+        got = _settled.get(here) or cached(key)
         if got is not None:
-            got.source = "cache"
+            got = Choice.from_json({**got.to_json(), "source": "cache"})
+            _settled[here] = got
             return got
     # a busy moment must not decide every later run: a choice timed while other processes kept cores busy (a lane
     # that waits for a descheduled one makes a kernel look slow) is cached as provisional and measured again by the
@@ -429,6 +436,7 @@ def choose(cfg, make_algo: Callable[[], Any], obs_space, act_space, spec: dict, 
     load = watch.stop()
     got.loaded = load.short() if load is not None and load.busy else ""
     remember(key, got)
+    _settled[here] = got
     return got
 
 
