@@ -392,8 +392,7 @@ def bench_busy(doc):
             plan = (c.get("default_plans") or [{}])[-1]
             how = "beside a one-core CPU hog" if phase == "loaded" else "with no hog"
             verdicts = c.get("verdicts") or {}
-            failed = [k for k, ok in verdicts.items() if not ok]
-            judged = f"; {'FAIL: ' + ', '.join(failed) if failed else 'must-hold met'}" if verdicts else ""
+            judged = "".join(f"; {'PASS' if ok else 'FAIL'}: {k}" for k, ok in verdicts.items())
             text = (f"{label(case['algo'])} {case['env']} {steps_k(case['steps'])}, profiled {how} "
                     f"({c['profile']['provisional']} entries provisional), then trained with the hog gone: default plan "
                     f"({plan.get('schedule')}, {plan.get('threads')} thr) {num(med['default'])} env steps/s, best "
