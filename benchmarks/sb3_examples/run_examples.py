@@ -39,7 +39,10 @@ def run(name: str, timeout: float) -> dict:
     missing = [m for m in REQUIRES.get(name, []) if importlib.util.find_spec(m) is None]
     if missing:
         return {"example": name, "result": "skip", "why": f"needs {', '.join(missing)}", "seconds": 0.0}
-    env = {**os.environ, "MPLBACKEND": "Agg", "SDL_VIDEODRIVER": "dummy", "PYTHONUNBUFFERED": "1"}
+    # headless: SDL's dummy video driver, and no SDL signal handlers (pygame, under render_mode="human", would catch
+    # SIGTERM in SubprocVecEnv's workers, and the script's exit would wait for them for ever, under SB3's PPO too)
+    env = {**os.environ, "MPLBACKEND": "Agg", "SDL_VIDEODRIVER": "dummy", "SDL_NO_SIGNAL_HANDLERS": "1",
+           "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=f"sb3ex-{name}-") as cwd:
         try:
