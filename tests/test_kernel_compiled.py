@@ -243,6 +243,8 @@ def test_the_lane_guard_drops_to_one_lane_while_two_are_slower_and_tries_again_l
     assert g.lanes(1, key, 0.0) == 1 and g.lanes(2, key, 0.0) == 1   # the probe
     g.record(1, key, 0.010, 0.0)
     assert g.lanes(2, key, 0.1) == 2
+    g.record(2, key, 0.050, 0.1)   # the first phase on two lanes makes their buffers: not judged
+    assert g.lanes(2, key, 0.1) == 2 and g.fallbacks == 0
     g.record(2, key, 0.006, 0.1)   # faster: two lanes go on
     assert g.lanes(2, key, 0.2) == 2 and g.fallbacks == 0
     g.record(2, key, 0.030, 0.2)   # a partner lane descheduled: one lane for HOLD_MIN

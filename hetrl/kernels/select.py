@@ -226,17 +226,26 @@ def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches:
     return worst <= 1.0, detail
 
 
+WARM_CALLS, WARM_S = 8, 0.5   # a kernel's warm-up before it is timed: this many calls, or at least two over WARM_S
+
+
 def time_kernels(kernels: dict[str, Kernel], batches: dict, weights: torch.Tensor, rounds: int = 5,
                  min_round_s: float = 0.02, budget_s: float = 3.0) -> dict[str, float]:
     """Seconds per gradient step of each kernel (median of alternating rounds of learn calls on the same
-    batches), after a warm-up call each."""
+    batches), after a warm-up of WARM_CALLS calls each (or WARM_S seconds): a kernel whose lanes settle over its
+    first phases (the compiled kernel tries one lane against several, and makes each lane's buffers in its first
+    phase on it) is timed as it runs once settled, not in its first phases."""
     sync = torch.cuda.synchronize if weights.device.type == "cuda" else (lambda: None)
     steps, threads = int(weights.shape[0]), torch.get_num_threads()
     calls = {}
     for name, k in kernels.items():
         k.use_threads(threads)
-        k.learn(batches, weights)
-        sync()
+        start = time.perf_counter()
+        for i in range(WARM_CALLS):
+            k.learn(batches, weights)
+            sync()
+            if i >= 1 and time.perf_counter() - start > WARM_S:
+                break
         t = time.perf_counter()
         k.learn(batches, weights)
         sync()

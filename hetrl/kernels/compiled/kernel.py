@@ -99,7 +99,8 @@ class LaneGuard:
     """A stall detector for a phase's lanes. A lane whose core another process holds makes the others wait for the
     task it is in; where that makes a phase on n lanes slower than the last estimate of the same phase on one lane,
     the phases run on one lane for a while (`hold` seconds, doubled at each stall in a row up to HOLD_MAX) and then
-    try n lanes again. A phase on one lane at least every PROBE_S seconds keeps the estimate fresh. Safe because a
+    try n lanes again (the first phase on n lanes of a shape, which makes their buffers, is not judged). A phase on
+    one lane at least every PROBE_S seconds keeps the estimate fresh. Safe because a
     phase's results do not depend on its lanes (fixed tasks, summed in a fixed order)."""
 
     PROBE_S = 2.0
@@ -112,6 +113,7 @@ class LaneGuard:
         self.solo_until = 0.0
         self.hold = self.HOLD_MIN
         self.fallbacks = 0
+        self.made: set = set()   # the (lanes, shape)s whose first phase ran: it makes the lanes' buffers
 
     def lanes(self, n: int, key: tuple, now: float) -> int:
         """The lanes the next phase of shape `key` runs on, of the n asked for."""
@@ -131,6 +133,9 @@ class LaneGuard:
             kept.append(seconds)
             del kept[:-self.KEEP]
             self.probed[key] = now
+            return
+        if (n, key) not in self.made:   # a first phase on n lanes makes their buffers: not a stall
+            self.made.add((n, key))
             return
         one = self.estimate(key)
         if one is not None and seconds > one:
