@@ -235,8 +235,9 @@ def test_the_heads_write_the_losses_the_public_learn_writes(name, settings):
 
 def test_the_lane_guard_drops_to_one_lane_while_two_are_slower_and_tries_again_later():
     """LaneGuard, fed phase times: a one-lane probe first; two lanes while they are faster than the one-lane
-    estimate; a phase on two lanes slower than it runs the next ones on one lane for a hold that doubles with each
-    stall in a row (up to a bound), then two again; a probe on one lane every PROBE_S seconds."""
+    estimate; SLOW phases in a row on two lanes slower than it (one is lanes waking up) run the next ones on one
+    lane for a hold that doubles with each stall in a row (up to a bound), then two again; a probe on one lane
+    every PROBE_S seconds."""
     from hetrl.kernels.compiled.kernel import LaneGuard
 
     g, key = LaneGuard(), (2, 256)
@@ -246,15 +247,22 @@ def test_the_lane_guard_drops_to_one_lane_while_two_are_slower_and_tries_again_l
     g.record(2, key, 0.050, 0.1)   # the first phase on two lanes makes their buffers: not judged
     assert g.lanes(2, key, 0.1) == 2 and g.fallbacks == 0
     g.record(2, key, 0.006, 0.1)   # faster: two lanes go on
+    g.record(2, key, 0.030, 0.1)   # one slow phase (lanes waking): two lanes go on
+    g.record(2, key, 0.006, 0.1)
     assert g.lanes(2, key, 0.2) == 2 and g.fallbacks == 0
-    g.record(2, key, 0.030, 0.2)   # a partner lane descheduled: one lane for HOLD_MIN
+
+    def stall(t):
+        for _ in range(g.SLOW):
+            g.record(2, key, 0.030, t)
+
+    stall(0.2)                     # a partner lane descheduled: one lane for HOLD_MIN
     assert g.fallbacks == 1 and g.lanes(2, key, 0.2 + 0.5 * g.HOLD_MIN) == 1
     assert g.lanes(2, key, 0.2 + 1.01 * g.HOLD_MIN) == 2
     t = 0.2 + 1.01 * g.HOLD_MIN
-    g.record(2, key, 0.030, t)     # still slower: a hold twice as long
+    stall(t)                       # still slower: a hold twice as long
     assert g.lanes(2, key, t + 1.5 * g.HOLD_MIN) == 1 and g.lanes(2, key, t + 2.01 * g.HOLD_MIN) == 2
     for _ in range(10):
-        g.record(2, key, 0.030, t)
+        stall(t)
     assert g.hold == g.HOLD_MAX
     g.record(2, key, 0.005, t)     # quiet again: the hold starts over
     assert g.hold == g.HOLD_MIN

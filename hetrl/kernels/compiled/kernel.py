@@ -99,13 +99,16 @@ class LaneGuard:
     """A stall detector for a phase's lanes. A lane whose core another process holds makes the others wait for the
     task it is in; where that makes a phase on n lanes slower than the last estimate of the same phase on one lane,
     the phases run on one lane for a while (`hold` seconds, doubled at each stall in a row up to HOLD_MAX) and then
-    try n lanes again (the first phase on n lanes of a shape, which makes their buffers, is not judged). A phase on
-    one lane at least every PROBE_S seconds keeps the estimate fresh. Safe because a
-    phase's results do not depend on its lanes (fixed tasks, summed in a fixed order)."""
+    try n lanes again. A stall is SLOW phases in a row slower than that estimate: one slow phase is the lanes waking
+    after other work held the cores (another kernel timed beside this one, a thread count switched), and the first
+    phase on n lanes of a shape, which makes their buffers, is not judged. A phase on one lane at least every PROBE_S
+    seconds keeps the estimate fresh. Safe because a phase's results do not depend on its lanes (fixed tasks, summed
+    in a fixed order)."""
 
     PROBE_S = 2.0
     HOLD_MIN, HOLD_MAX = 0.25, 8.0
     KEEP = 5          # one-lane times kept per shape (their median is the estimate)
+    SLOW = 2          # n-lane phases in a row slower than the estimate that make a stall
 
     def __init__(self):
         self.one: dict[tuple, list[float]] = {}
@@ -114,6 +117,7 @@ class LaneGuard:
         self.hold = self.HOLD_MIN
         self.fallbacks = 0
         self.made: set = set()   # the (lanes, shape)s whose first phase ran: it makes the lanes' buffers
+        self.slow = 0            # n-lane phases in a row slower than the one-lane estimate
 
     def lanes(self, n: int, key: tuple, now: float) -> int:
         """The lanes the next phase of shape `key` runs on, of the n asked for."""
@@ -138,12 +142,15 @@ class LaneGuard:
             self.made.add((n, key))
             return
         one = self.estimate(key)
-        if one is not None and seconds > one:
+        if one is None or seconds <= one:
+            self.slow, self.hold = 0, self.HOLD_MIN
+            return
+        self.slow += 1
+        if self.slow >= self.SLOW:
+            self.slow = 0
             self.solo_until = now + self.hold
             self.hold = min(2 * self.hold, self.HOLD_MAX)
             self.fallbacks += 1
-        else:
-            self.hold = self.HOLD_MIN
 
 
 class CompiledKernel(Kernel):
