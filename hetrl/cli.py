@@ -92,13 +92,22 @@ def _add_settings(sub) -> None:
 def _add_warm(sub) -> None:
     p = sub.add_parser("warm", help="compile the CPU learner kernel into numba's cache now (make install does), "
                                     "so that no run waits for it")
+    p.add_argument("parts", nargs="*", metavar="PART",
+                   help="only these (ddpg, td3, dqn, sac, crossq: their loss heads; derived: the phase any other "
+                        "algorithm runs), one process each; default: all, in three processes")
     p.set_defaults(func=cmd_warm)
 
 
 def cmd_warm(args) -> int:
-    from hetrl.kernels.compiled.warm import warm
+    from hetrl.kernels.compiled.warm import GROUPS, warm
 
-    return 1 if warm(say=lambda msg: print(msg, file=sys.stderr)) else 0
+    known = [n for g in GROUPS for n in g]
+    bad = [n for n in args.parts if n not in known]
+    if bad:
+        raise UsageError(f"hetrl warm: no compiled part named {', '.join(bad)}; name some of {', '.join(known)}, "
+                         "or none for all")
+    groups = [(n,) for n in dict.fromkeys(args.parts)] or GROUPS
+    return 1 if warm(groups, say=lambda msg: print(msg, file=sys.stderr)) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

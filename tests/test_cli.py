@@ -69,12 +69,15 @@ def test_settings_command(capsys):
 
 
 def test_warm_compiles_the_cpu_kernel_into_the_cache(capsys):
-    """`hetrl warm` (make install runs it): the kernel is cached already here (conftest warms it), so it loads."""
+    """`hetrl warm` (make install runs it, for every part; conftest too): one part named here, cached already, so it
+    loads; a part that does not exist is one line."""
     from hetrl.kernels.compiled import available
 
-    assert main(["warm"]) == 0
+    assert main(["warm", "dqn"]) == 0
     err = capsys.readouterr().err
     assert ("in numba's cache" if available() is None else "nothing to compile") in err
+    code, _, err = run_cli(capsys, "warm", "ppo")
+    assert code == 2 and "no compiled part named ppo" in err and err.count("\n") == 1
 
 
 def test_train_eval_resume_happy_path(capsys, tmp_path):
