@@ -112,6 +112,23 @@ def give_back_freed_memory() -> bool:
         return False
 
 
+def choose_kernel(cfg: Config, obs_space, act_space, device, lay: Layout | None = None, algo=None) -> kernels.Choice:
+    """The learner's kernel (hetrl/kernels/: the machine's cached choice, else measured now) for learner calls of
+    the size the run makes: `lay`'s group, None for one process (inline, a population's members); an on-policy
+    phase's minibatches per call (learn_rollout)."""
+    def twin():
+        return make_algorithm(cfg, obs_space, act_space, device)
+
+    algo = algo if algo is not None else twin()
+    if getattr(algo, "storage", "replay") == "rollout":
+        minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
+        group = max(1, min(algo.phase_group(minibatches), minibatches))
+    else:
+        group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
+    return kernels.choose(cfg, twin, obs_space, act_space, learn_spec(cfg, obs_space, act_space), device, group,
+                          algo=algo)
+
+
 @dataclass
 class Counters:
     env_steps: int = 0
@@ -163,12 +180,6 @@ class LearnerCore:
         # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
         self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
         self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
-        if self.rollout:   # a phase's minibatches per learn call (learn_rollout)
-            minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
-            group = max(1, min(self.algo.phase_group(minibatches), minibatches))
-        else:
-            group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
-                                                                 cfg.priority_lag)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = not self.rollout and cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
         self.storage_arrays = (RolloutStorage if self.rollout else FrameStorage if self.frames else Storage).layout(
@@ -177,9 +188,7 @@ class LearnerCore:
         # the device cannot hold
         self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, "cpu" if self.frames else self.device,
                                                 arrays=self.storage_arrays)
-        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
-                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
-                                            algo=self.algo)
+        self.kernel_choice = choose_kernel(cfg, self.obs_space, self.act_space, self.device, lay, self.algo)
         self._use_kernel(self.kernel_choice)
         self.c = Counters()
         self.params: ParameterStore | None = None
