@@ -1,14 +1,11 @@
-"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives.
+"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives,
+the inline schedule over M members: one vector env (member m: envs m*n .. m*n+n-1) acting through
+Algorithm.stacked_policy, and each member's own replay and learner core, their phases learned as lanes.
 
-    members' envs  --one vector env (member m: envs m*n .. m*n+n-1)-->  one collect, Algorithm.stacked_policy
-    each member    --its own replay (sampler, priorities), learner core (algorithm, kernel, counters)-->
-    one learner call: every member's phase, members as lanes over the cores (kernels that release the GIL)
-
-Each member runs exactly what its own inline run would: its envs are seeded as that run's, its acting
-policy draws from its own RNG, its replay samples with its own seed and its learner draws from its own
-generator, so member i equals the inline run of seed i (tests/test_population.py). The members share one
-clock. Each member is also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of
-it), and the population's files (population.json, result.json with the report) are written here.
+Each member runs exactly what its own inline run would (its envs, acting policy, replay and learner seeded and
+drawing as that run's), so member i equals the inline run of seed i (tests/test_population.py). Each member is
+also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of it); the population's
+files (population.json, result.json with the report) are written here.
 """
 
 from __future__ import annotations
@@ -25,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from hetrl.actors import Actor
+from hetrl.checkpoint import write_json
 from hetrl.config import SYSTEM_KEYS, Config, check_value, make_config, settings_class
 from hetrl.errors import HetrlError, UsageError
 from hetrl.runtime.core import LearnerCore, Schedule, give_back_freed_memory
-from hetrl.runtime.params import InProcessParameterStore
+from hetrl.runtime.inline import InlineSchedule
 
 POPULATION_FILE = "population.json"
 FORMAT = "hetrl-population/1"
@@ -146,8 +144,6 @@ def read_population(path: str | Path) -> dict:
 def write_members(out: Path, members: list[Member], spec: dict) -> dict:
     """OUT/population.json, what --resume rebuilds the members from (written before the members train, so that
     a driver that is killed leaves a population that resumes); returns its "population" entry."""
-    from hetrl.checkpoint import write_json
-
     out.mkdir(parents=True, exist_ok=True)
     base = members[0].cfg
     pop = {"seeds": spec.get("seeds", sorted({m.seed for m in members})), "sweep": spec.get("sweep", {}),
@@ -159,8 +155,6 @@ def write_members(out: Path, members: list[Member], spec: dict) -> dict:
 
 def write_population(out: Path, members: list[Member], spec: dict, figures: dict, info: dict) -> dict:
     """OUT/population.json and OUT/result.json (figures, `info`, and the report once every member has a result)."""
-    from hetrl.checkpoint import write_json
-
     base = members[0].cfg
     result = {"algo": base.algo, "env": base.env, "population": write_members(out, members, spec), **figures, **info,
               "config": {k: v for k, v in base.to_dict().items() if k != "seed"}}
@@ -200,33 +194,26 @@ class MemberSchedule(Schedule):
         self.population.stale = True   # every member loaded: one new actor at the next phase
 
 
-class PopulationSchedule(Schedule):
-    """The members of a population (their configs differ only in seed and swept settings that keep shapes and
-    step schedules) trained side by side in this process; `lanes`: member phases learned at once. Its counters
-    and clock are member 0's (every member steps alike); `views` are the members as schedules of their own."""
-
-    name = "inline"
-    PHASE_S = 0.0
+class PopulationSchedule(InlineSchedule):
+    """The inline schedule over the members of a population (their configs differ only in seed and swept settings
+    that keep shapes and step schedules); `lanes`: member phases learned at once. Its counters are member 0's
+    (every member steps alike); `views` are the members as schedules of their own."""
 
     def __init__(self, members: list[Member], env, lanes: int = 0, spec: dict | None = None):
         if not members:
             raise HetrlError("a population needs at least one member")
         self.members, self.env, self.spec = members, env, dict(spec or {})
         self.cfgs = [m.cfg for m in members]
-        self.cores: list[LearnerCore] = []
+        cores: list[LearnerCore] = []
         try:
             for cfg in self.cfgs:   # one thread each: the members are the lanes
-                self.cores.append(LearnerCore(cfg, env, threads=1))
+                cores.append(LearnerCore(cfg, env, threads=1))
         except BaseException:
-            for core in self.cores:
+            for core in cores:
                 core.close()
             raise
-        self.core = self.cores[0]
-        self.replays = [core.make_replay() for core in self.cores]
-        self.replay = self.replays[0]
-        self.params = [InProcessParameterStore() for _ in self.cores]
-        for core, store in zip(self.cores, self.params):
-            core.attach(store)
+        self.stale = False
+        self._setup(cores)
         self.views = [MemberSchedule(self, i) for i in range(len(self.cores))]
         self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(self.cores)))
         # phases of members in threads only where the kernel runs without the GIL (the compiled one): torch's
@@ -240,10 +227,6 @@ class PopulationSchedule(Schedule):
             from hetrl.kernels.cuda_graph import MembersGraph
 
             self.graph = MembersGraph([core.algo for core in self.cores])
-        self.actor: Actor | None = None
-        self.stale = False
-        self._episodes: list = []
-        self._restart_actors()
 
     def _restart_actors(self) -> None:
         """One actor over every member's envs, each env seeded as its member's own inline run seeds it."""
@@ -260,7 +243,7 @@ class PopulationSchedule(Schedule):
 
     def _refresh(self) -> None:
         """Each member's newest policy into its part of the stacked policy, where newer than the one it acts with."""
-        for m, store in enumerate(self.params):
+        for m, store in enumerate(self.stores):
             new = store.latest(self.versions[m])
             if new is not None:
                 self.actor.policy.load_member(m, new[0])
@@ -325,10 +308,6 @@ class PopulationSchedule(Schedule):
     def done(self) -> bool:
         return self.c.env_steps >= self.cfgs[0].steps
 
-    # ---- the clock of every member, the population's figures ------------------------------------------
-    def _cores(self) -> list[LearnerCore]:
-        return self.cores
-
     def figures(self) -> dict:
         """Env steps per member, and throughput counted over all members."""
         member, M = self.views[0].figures(), len(self.cores)
@@ -351,12 +330,6 @@ class PopulationSchedule(Schedule):
         give_back_freed_memory()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._pool is not None:
+        if self._pool is not None and not self._closed:
             self._pool.shutdown(wait=True)
-        if self.actor is not None:
-            self.actor.close()
-        for core in self.cores:
-            core.close()
+        super().close()
