@@ -752,7 +752,8 @@ class ActorsSchedule(Schedule):
     `_grant()` (timed: grants as far as the replay ratio allows), `_learn_step()` (one learner call; False when the
     ratio allows none), `_at_boundary()` (every chunk of the phase arrived and the learner learned what it owes),
     `_insert_phase()` (the phase's chunks in, in actor order), `_all_in()` (every env step is in and the learner
-    learned what the ratio owes, drawn groups too) and `_stop_actors()` (the run's figures and state stay)."""
+    learned what the ratio owes, drawn groups too), `_start_actors()` (seeded for the step count: actor_spec) and
+    `_stop_actors()` (the run's figures and state stay)."""
 
     lay: Layout
     _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
@@ -801,6 +802,10 @@ class ActorsSchedule(Schedule):
         """Whether actor `index` may get a grant: on-policy, only while its share of the rollout is not in (so that
         every actor steps its own envs, one share of every rollout each, whatever the timing)."""
         return not self.core.rollout or self.replay.wants(index)
+
+    def _restart_actors(self) -> None:
+        self._stop_actors()
+        self._start_actors()
 
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count

@@ -2,25 +2,21 @@
 
     hetrl train dqn --env CartPole-v1 --schedule ray [--address auto|HOST:PORT] [--actors N]
 
-* N Ray actors (ray_actor.py) step M envs each and push their chunks straight to their replay
-  shard; the learner core runs in this (driver) process.
-* The replay server (hetrl/replay/server.py, seeds/004) is replay manager + data storage + rate
-  limiter in a threaded Ray actor (`replay_shards` of them; actor i feeds shard i mod S).
-  Prioritised sampling and the gather happen there; the learner gets ready batches, keeps one
-  request in flight while it learns (prefetch, where the priority lag allows it) and sends |TD|
-  back to the tree that sampled; a sample waits at the server for the priorities sent before it.
+* N Ray actors (ray_actor.py) step M envs each and push their chunks straight to their replay shard; the
+  learner core runs in this (driver) process.
+* The replay servers (hetrl/replay/server.py: replay manager + data storage + rate limiter, `replay_shards` of
+  them; actor i feeds shard i mod S) sample and gather; the learner gets ready batches, keeps one request in
+  flight while it learns (where the priority lag allows) and sends |TD| back to the tree that sampled (a sample
+  waits at the server for the priorities sent before it).
 * Parameters: one `ray.put` per publication, read by every actor (params.RayParameterStore).
-* When actors collect and how many batches the learner asks for is the learner core's replay
-  ratio (hetrl/runtime/ratio.py), as in every schedule. Reproducible (the default): phases, as the
-  local schedule's: each actor stages one chunk per phase at its server, the servers insert them in
-  actor order at the boundary, the learner samples the replay as it stood there and the actors act
-  with the policy of the boundary before. Timed (reproducible=false): the servers apply the
-  ratio's sample side per shard and take chunks as they come.
+* The learner core's replay ratio decides when actors collect and how many batches the learner asks for.
+  Reproducible (the default): phases, as the local schedule's (each actor stages one chunk per phase at its
+  server, the servers insert them in actor order at the boundary). Timed (reproducible=false): the servers
+  apply the ratio's sample side per shard and take chunks as they come.
 
-An actor that dies (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs;
-env steps are counted from the servers' acknowledgements, so a chunk lost with its actor is
-collected again. Without `ray_address` a local Ray is started and stopped; a Ray the caller
-initialised is used as it is. docs/ray.md has the details.
+A dead actor (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs; env steps are counted from
+the servers' acknowledgements, so a chunk lost with its actor is collected again. Without `ray_address` a local
+Ray is started and stopped; a Ray the caller initialised is used as it is. docs/ray.md has the details.
 """
 
 from __future__ import annotations
@@ -178,9 +174,7 @@ class RaySchedule(ActorsSchedule):
             self.servers = self.replay.handles
         self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
-        for s in self.slots:
-            self._spawn(s)
-        self._wait_ready()
+        self._start_actors()
         self.startup_s = time.perf_counter() - t0
 
     # ---- cluster ------------------------------------------------------------------------------------
@@ -205,9 +199,11 @@ class RaySchedule(ActorsSchedule):
         s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread, s.index)
         s.calls = {}
 
-    def _wait_ready(self) -> None:
+    def _start_actors(self) -> None:
         import ray
 
+        for s in self.slots:
+            self._spawn(s)
         try:
             wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=START_S)
         except Exception as e:
@@ -224,13 +220,15 @@ class RaySchedule(ActorsSchedule):
         for s in self.slots:
             self._grant_one(s)
 
-    def _grant_one(self, s: _Slot) -> None:
-        """Actor s's chunk of this phase, to be staged at its server."""
+    def _grant_one(self, s: _Slot) -> bool:
+        """Actor s's next chunk (phases: staged at its server); False when the core grants none now."""
         grant = self.core.next_grant(self.lay.envs_per_actor)
-        if grant is not None:
-            ref = s.handle.collect.remote(grant[0], grant[1], self.params, True)
-            s.calls[ref] = grant[0]
-            self.core.granted(ref, grant[0])
+        if grant is None:
+            return False
+        ref = s.handle.collect.remote(grant[0], grant[1], self.params, self._phased)
+        s.calls[ref] = grant[0]
+        self.core.granted(ref, grant[0])
+        return True
 
     def _at_boundary(self) -> bool:
         return not any(s.calls for s in self.slots) and self._pending is None and self.core.ratio.allowed() == 0
@@ -267,13 +265,8 @@ class RaySchedule(ActorsSchedule):
         in_flight = 1 if self.core.rollout else IN_FLIGHT
         for s in self.slots:
             while len(s.calls) < in_flight and self._wants(s.index):
-                grant = self.core.next_grant(self.lay.envs_per_actor)
-                if grant is None:
+                if not self._grant_one(s):
                     return
-                n, table = grant
-                ref = s.handle.collect.remote(n, table, self.params)
-                s.calls[ref] = n
-                self.core.granted(ref, n)
 
     def _harvest(self) -> None:
         import ray
@@ -421,13 +414,8 @@ class RaySchedule(ActorsSchedule):
             self.replay.set_counters(self.c.env_steps, self.c.samples)
 
     def _restart_actors(self) -> None:
-        """After a checkpoint without the actors' state: actors started with seeds for step 0 are replaced by
-        actors with seeds for this step count."""
         self._sync_servers()
-        self._stop_actors()
-        for s in self.slots:
-            self._spawn(s)
-        self._wait_ready()
+        super()._restart_actors()
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
