@@ -283,13 +283,11 @@ class LearnerCore:
         self.params = params
         self.publish()
 
-    def actor_spec(self, index: int, envs: int, restarts: int | None = None) -> ActorSpec:
-        """Actor `index`'s settings and policy. Seeds follow the env step count and the restarts (default:
-        the actor's so far), so an actor started on resume or after a crash does not replay the episodes
-        of the one before."""
+    def actor_spec(self, index: int, envs: int) -> ActorSpec:
+        """Actor `index`'s settings and policy. Seeds follow the env step count and the actor's restarts, so an
+        actor started on resume or after a crash does not replay the episodes of the one before."""
         cfg = self.cfg
-        restarts = self.restarts.get(index, 0) if restarts is None else restarts
-        env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
+        env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * self.restarts.get(index, 0)
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
         return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend,
                          env_offset=index * envs)
@@ -493,12 +491,9 @@ class LearnerCore:
         every policy_delay-th update): the published version is then still the learner's policy, as of now."""
         changes = getattr(self.algo, "policy_changes", None)
         changes = changes() if changes is not None else None
-        if changed_only and changes is not None and changes == self._changes_published:
-            self._published_at = self.c.gradient_steps
-            self._version_at[self.c.params_version] = self.c.gradient_steps
-            return
-        self._changes_published = changes
-        self.c.params_version = self.params.publish(self.algo.policy_state())
+        if not (changed_only and changes is not None and changes == self._changes_published):
+            self._changes_published = changes
+            self.c.params_version = self.params.publish(self.algo.policy_state())
         self._published_at = self.c.gradient_steps
         self._version_at[self.c.params_version] = self.c.gradient_steps
         if len(self._version_at) > 4096:   # versions older than any chunk in flight
