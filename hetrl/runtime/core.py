@@ -1,21 +1,13 @@
 """The learner core: everything a schedule drives, written once.
 
-A schedule (inline, local, ray) is only a transport: how transitions reach the data storage,
-how sampled batches reach the learner, how parameters reach the actors. What the learner does
-with them exists here, once, for every schedule (as in Acme: one builder, a single-process or a
-distributed launcher):
-
-* process setup (seed, threads, denormals, device), the spaces, the algorithm, the replay spec;
-* the counters and the clock; the replay-ratio policy (:class:`~hetrl.runtime.ratio.ReplayRatio`:
-  when actors may collect, how many gradient steps the learner may take, the priority lag); the
-  grants in flight; PER beta annealing; the exploration table actors act with; the actors' seeds,
-  their :class:`~hetrl.actors.ActorSpec` and the restart policy of actors that die;
-* the learner step (timed, counted, TD errors checked), publishing to a :class:`ParameterStore`,
-  policy staleness;
-* one checkpoint format (so a run resumes under any schedule) and one set of figures;
-* for an on-policy algorithm (``storage = "rollout"``, hetrl/algorithm.py): a rollout storage in place of the
-  replay (hetrl/replay/rollout.py), the rollout rule in place of the replay ratio (ratio.RolloutRatio), and the
-  learner phase of a rollout (:meth:`LearnerCore.learn_rollout`: values, GAE, epochs of shuffled minibatches).
+A schedule (inline, local, ray) is only a transport: how transitions reach the data storage, how sampled batches
+reach the learner, how parameters reach the actors. What the learner does with them exists here, once, for every
+schedule (as in Acme: one builder, a single-process or a distributed launcher): process setup, the spaces, the
+algorithm and its kernel; the counters and the clock; the replay-ratio policy (ratio.py) and the grants in flight;
+PER beta annealing; the actors' seeds and the restart policy of actors that die; the learner step (timed, counted,
+checked), publishing; one checkpoint format (a run resumes under any schedule) and one set of figures. An
+on-policy algorithm (``storage = "rollout"``) has a rollout storage, the rollout rule (ratio.RolloutRatio) and
+the learner phase of a rollout (:meth:`LearnerCore.learn_rollout`) in place of the replay's.
 
 :class:`Schedule` is the interface every transport implements:
 ``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
@@ -587,11 +579,10 @@ def _actors(envs: list[int] | None) -> str:
 class Schedule(abc.ABC):
     """A transport of the training protocol around one :class:`LearnerCore`.
 
-    Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer
-    or a handle with ``state_dict/load_state_dict/__len__``) and implement `phase`, `done`, `close`
-    and `_restart_actors` (after a checkpoint is loaded). Use it as a context manager, or call
-    `close()`: it stops every process, Ray actor and shared block the schedule started.
-    """
+    Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer or a handle with
+    ``state_dict/load_state_dict/__len__``) and implement `_step`, `done`, `close` and `_restart_actors` (after a
+    checkpoint is loaded). Use it as a context manager, or call `close()`: it stops every process, Ray actor and
+    shared block the schedule started."""
 
     name = "?"
     core: LearnerCore
