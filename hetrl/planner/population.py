@@ -30,7 +30,7 @@ class PopulationPlan:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def describe(self, names: list[str] | None = None) -> str:
+    def describe(self) -> str:
         where = {"inline": "one process", "local": f"{len(self.groups)} processes",
                  "ray": f"{len(self.groups)} Ray tasks"}[self.schedule]
         sizes = "/".join(str(len(g)) for g in self.groups)
