@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hetrl import registry
 from hetrl.actors import Actor
 from hetrl.checkpoint import write_json
 from hetrl.config import SYSTEM_KEYS, Config, check_value, make_config, settings_class
@@ -93,8 +94,6 @@ def parse_sweep(sweep: Any) -> dict[str, list]:
 def fixed_settings(algo: str) -> set[str]:
     """What every member of a population of `algo` shares: the settings that shape its networks or its
     learner's program, those that set when it acts and learns, the system's, and what names the run."""
-    from hetrl import registry
-
     cls, settings = registry.get(algo), settings_class(algo)
     return (set(settings.SHAPE_SETTINGS) | set(settings.SCHEDULE_SETTINGS) | set(getattr(cls, "shape_settings", ()))
             | set(getattr(cls, "schedule_settings", ())) | set(SYSTEM_KEYS) | {"algo", "env", "seed"})
@@ -287,9 +286,8 @@ class PopulationSchedule(InlineSchedule):
                 and not self.core.rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
         else:   # the gradient steps each member's learner core allows, as its inline run takes them
-            steps = (self._pool.map if self._pool is not None and len(learning) > 1 else map)(
-                lambda m: self.cores[m].learn_from(self.replays[m]), learning)
-            list(steps)
+            list((self._pool.map if self._pool is not None and len(learning) > 1 else map)(
+                lambda m: self.cores[m].learn_from(self.replays[m]), learning))
         self._refresh()
         self._episodes.extend(actor.drain_episodes())
 
