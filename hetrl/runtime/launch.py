@@ -124,11 +124,9 @@ def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, o
 
 
 def _run_ray(target, jobs: list[tuple], cfg, cpus: int, out: Path) -> list:
-    import ray
-
     from hetrl.runtime.ray_schedule import connect, disconnect
 
-    connect(cfg)
+    ray = connect(cfg)
     try:
         task = ray.remote(num_cpus=max(1, cpus))(target)
         results = ray.get([task.remote(*job) for job in jobs])

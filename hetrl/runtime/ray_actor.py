@@ -20,12 +20,13 @@ import copy
 import os
 from typing import Any
 
+import ray
+import torch
+
 
 class RayActor:
     def __init__(self, spec: Any, server: Any, one_thread: bool = True, index: int = 0):
         """spec: the learner's ActorSpec (env, seeds, the algorithm's acting policy, n-step, backend)."""
-        import torch
-
         if one_thread:
             torch.set_num_threads(1)
         torch.set_flush_denormal(True)
@@ -35,13 +36,9 @@ class RayActor:
         self.actor = copy.deepcopy(spec).build()
 
     def where(self) -> dict:
-        import ray
-
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
     def collect(self, n: int, explore: list, params: Any, stage: bool = False) -> tuple:
-        import ray
-
         batch, steps, busy = self.actor.take_grant(params, n, explore)
         rows = 0 if batch is None else len(batch["obs"])
         if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout

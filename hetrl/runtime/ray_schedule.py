@@ -37,16 +37,19 @@ from hetrl.runtime.core import ActorsSchedule, LearnerCore
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
 
+try:
+    import ray
+except ImportError:   # Ray is optional (hetrl[ray]): import_ray() says how to install it
+    ray = None
+
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
 START_S = 300.0           # for the actors to start (or send their state)
 
 
 def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--schedule ray needs Ray: pip install 'hetrl[ray]' (or pip install ray)") from None
+    if ray is None:
+        raise UsageError("--schedule ray needs Ray: pip install 'hetrl[ray]' (or pip install ray)")
     return ray
 
 
@@ -57,7 +60,7 @@ def connect(cfg: Config):
     """Ray, initialised: the caller's if it called ray.init, else the cluster at cfg.system.ray_address,
     else a local Ray started here (one node, this machine's CPUs)."""
     global _started
-    ray = import_ray()
+    import_ray()
     if ray.is_initialized():
         return ray
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level="warning")
@@ -77,15 +80,11 @@ def disconnect() -> None:
     """Stop the Ray that connect() started (a cluster or the caller's Ray is left running)."""
     global _started
     if _started:
-        import ray
-
         ray.shutdown()
         _started = False
 
 
 def cluster_cpus() -> int:
-    import ray
-
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
@@ -102,7 +101,6 @@ def _imports(module: str) -> bool:
 def nodes_lacking(module: str) -> list[str]:
     """The addresses of the alive Ray nodes with CPUs (where actors may run) whose Python cannot import
     `module`: the planner's choices (EnvPool) are measured on this machine and must hold on every node."""
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
@@ -136,7 +134,7 @@ class RaySchedule(ActorsSchedule):
     name = "ray"
 
     def __init__(self, cfg: Config, env: EnvSpec):
-        ray = import_ray()
+        import_ray()
         self.cfg, self.env = cfg, env
         self._closed = False
         self.slots: list[_Slot] = []
@@ -161,7 +159,7 @@ class RaySchedule(ActorsSchedule):
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
-        self._check_resources(ray)
+        self._check_resources()
         t0 = time.perf_counter()
         if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
             self.replay = self.core.make_replay()
@@ -178,7 +176,7 @@ class RaySchedule(ActorsSchedule):
         self.startup_s = time.perf_counter() - t0
 
     # ---- cluster ------------------------------------------------------------------------------------
-    def _check_resources(self, ray) -> None:
+    def _check_resources(self) -> None:
         cfg, lay = self.cfg, self.lay
         cpus = ray.cluster_resources().get("CPU", 0)
         need = lay.actors * cfg.system.ray_actor_cpus
@@ -189,8 +187,6 @@ class RaySchedule(ActorsSchedule):
                              f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
 
     def _spawn(self, s: _Slot) -> None:
-        import ray
-
         from hetrl.runtime.ray_actor import RayActor
 
         spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
@@ -200,8 +196,6 @@ class RaySchedule(ActorsSchedule):
         s.calls = {}
 
     def _start_actors(self) -> None:
-        import ray
-
         for s in self.slots:
             self._spawn(s)
         try:
@@ -248,8 +242,6 @@ class RaySchedule(ActorsSchedule):
     def _poll(self, timeout: float) -> None:
         """Wait up to `timeout` for a collect call or the sample request to end, then take the collect calls
         that ended."""
-        import ray
-
         refs = [r for s in self.slots for r in s.calls] + ([self._pending[1]] if self._pending is not None else [])
         if timeout and refs:
             t0 = time.perf_counter()
@@ -269,8 +261,6 @@ class RaySchedule(ActorsSchedule):
                     return
 
     def _harvest(self) -> None:
-        import ray
-
         for s in self.slots:
             if not s.calls:
                 continue
@@ -325,8 +315,6 @@ class RaySchedule(ActorsSchedule):
         self.core.ratio.drawn(g)
 
     def _learn_step(self) -> bool:
-        import ray
-
         if self.core.rollout:
             return self.core.learn_rollout(self.replay)
         self._request()
@@ -356,8 +344,6 @@ class RaySchedule(ActorsSchedule):
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def _error(self, e: Exception, where: str) -> Exception:
-        import ray
-
         cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
         if isinstance(cause, UsageError):
             return UsageError(str(cause))
@@ -369,8 +355,6 @@ class RaySchedule(ActorsSchedule):
         return HetrlError(f"a Ray actor failed {where}: {e}")
 
     def _stop_actors(self) -> None:
-        import ray
-
         for s in getattr(self, "slots", []):
             if s.handle is not None:
                 try:
@@ -395,16 +379,12 @@ class RaySchedule(ActorsSchedule):
         return {**super().transport_figures(), "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
     def _ask_states(self) -> dict:
-        import ray
-
         try:
             return self._states(ray.get([s.handle.state_dict.remote() for s in self.slots], timeout=START_S))
         except Exception as e:   # an actor lost meanwhile
             return {"unsaved": f"an actor did not send its state ({type(e).__name__})"}
 
     def _load_actors(self, states: list[dict]) -> None:
-        import ray
-
         self._sync_servers()
         ray.get([s.handle.load_state_dict.remote(state) for s, state in zip(self.slots, states)])
 
