@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -78,7 +81,7 @@ def setup_process(seed: int, threads: int) -> None:
 def peak_memory(device: torch.device) -> dict:
     """Peak memory so far: the learner process's RSS, the largest RSS of its finished child processes
     (local actors that were joined), and the GPU's max_memory_allocated when the learner is on one."""
-    import resource
+    import resource   # (Unix only)
 
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
@@ -92,10 +95,6 @@ def give_back_freed_memory() -> bool:
     large release (a population's replays before its report): glibc serves arrays of up to 32 MB from its
     heap once a free has raised its mmap threshold, and such memory, once freed, stays in the process's RSS
     until trimmed. True where it asked (glibc), False where there is no glibc (macOS, Windows, musl)."""
-    import ctypes
-    import ctypes.util
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)   # 1: memory released, 0: none

@@ -10,6 +10,8 @@ import contextlib
 import os
 import signal
 import threading
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hetrl.errors import HetrlError
@@ -86,9 +88,6 @@ def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, o
     written into `out`). The first group's error is raised here (the groups share their settings)."""
     if where == "ray":
         return _run_ray(target, jobs, cfg, cpus, out)
-    from concurrent.futures import ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
-
     from hetrl.runtime.local import _context
 
     ctx = _context()

@@ -28,6 +28,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+from hetrl import registry
 from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
@@ -126,8 +127,6 @@ class LocalSchedule(ActorsSchedule):
             raise UsageError("overlap=false (lockstep) learns what the rate limiter allows between collect rounds; "
                              "keep rate_limit=true")
         self.lay = lay = layout(cfg)
-        from hetrl import registry
-
         _context(warm=True, preload=(registry.get(cfg.algo).__module__,))
         self.core = core = LearnerCore(cfg, env, lay.learner_threads, lay)
         spec, on_cpu = core.spec, core.device.type == "cpu"

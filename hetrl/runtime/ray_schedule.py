@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -400,8 +401,6 @@ class RaySchedule(ActorsSchedule):
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor over a NumPy array from Ray's object store (read-only memory: the learner only reads it)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
         return torch.from_numpy(a)
