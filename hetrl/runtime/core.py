@@ -737,8 +737,8 @@ class ActorsSchedule(Schedule):
     `_grant()` (timed: grants as far as the replay ratio allows), `_learn_step()` (one learner call; False when the
     ratio allows none), `_at_boundary()` (every chunk of the phase arrived and the learner learned what it owes),
     `_insert_phase()` (the phase's chunks in, in actor order), `_all_in()` (every env step is in and the learner
-    learned what the ratio owes, drawn groups too), `_start_actors()` (seeded for the step count: actor_spec) and
-    `_stop_actors()` (the run's figures and state stay)."""
+    learned what the ratio owes, drawn groups too), `_start_actors()` (seeded for the step count: actor_spec),
+    `_stop_actors()` (the run's figures and state stay) and `_ask_states()` (actors_state() of the idle actors)."""
 
     lay: Layout
     _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
@@ -811,9 +811,6 @@ class ActorsSchedule(Schedule):
         if self._open or getattr(self, "_arrived", None):
             return {"unsaved": "the run stopped inside a phase"}
         return self._ask_states()
-
-    def _ask_states(self) -> dict:
-        return super().actors_state()
 
     def transport_figures(self) -> dict:
         c, lay, wall = self.c, self.lay, self.c.wall_s
