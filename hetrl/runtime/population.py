@@ -202,11 +202,10 @@ class PopulationSchedule(InlineSchedule):
         if not members:
             raise HetrlError("a population needs at least one member")
         self.members, self.env, self.spec = members, env, dict(spec or {})
-        self.cfgs = [m.cfg for m in members]
         cores: list[LearnerCore] = []
         try:
-            for cfg in self.cfgs:   # one thread each: the members are the lanes
-                cores.append(LearnerCore(cfg, env, threads=1))
+            for m in members:   # one thread each: the members are the lanes
+                cores.append(LearnerCore(m.cfg, env, threads=1))
         except BaseException:
             for core in cores:
                 core.close()
@@ -231,7 +230,7 @@ class PopulationSchedule(InlineSchedule):
         """One actor over every member's envs, each env seeded as its member's own inline run seeds it."""
         if self.actor is not None:
             self.actor.close()
-        M, n = len(self.cores), self.cfgs[0].num_envs
+        M, n = len(self.cores), self.core.cfg.num_envs
         specs = [core.actor_spec(0, n) for core in self.cores]
         s0 = specs[0]
         policy = self.core.algo.stacked_policy([s.policy for s in specs], n)
@@ -258,7 +257,7 @@ class PopulationSchedule(InlineSchedule):
     def _step(self) -> None:
         """Collect train_freq env steps of every member, insert each member's into its replay, learn what each
         member's replay ratio allows (members as lanes)."""
-        cfg, M, actor = self.cfgs[0], len(self.cores), self.actor
+        cfg, M, actor = self.core.cfg, len(self.cores), self.actor
         n = cfg.num_envs
         t0 = time.perf_counter()
         base = [core.c.env_steps for core in self.cores]
@@ -304,7 +303,7 @@ class PopulationSchedule(InlineSchedule):
             core.c.replay_s += (t1 - t0) / M
 
     def done(self) -> bool:
-        return self.c.env_steps >= self.cfgs[0].steps
+        return self.c.env_steps >= self.core.cfg.steps
 
     def figures(self) -> dict:
         """Env steps per member, and throughput counted over all members."""
@@ -313,14 +312,13 @@ class PopulationSchedule(InlineSchedule):
         return {"members": M, "env_steps": member["env_steps"], "wall_s": wall,
                 "env_steps_per_s": M * member["env_steps"] / wall if wall else 0.0,
                 "member_env_steps_per_s": member["env_steps_per_s"], "gradient_steps": grads,
-                "train_samples_per_s": self.cfgs[0].batch_size * grads / wall if wall else 0.0,
+                "train_samples_per_s": self.core.cfg.batch_size * grads / wall if wall else 0.0,
                 "lanes": self.lanes, "parallel_lanes": self.parallel,
                 "learner_kernel": member.get("learner_kernel"), "peak_rss_mb": member.get("peak_rss_mb")}
 
     def drop_replays(self) -> None:
-        """Let go of the members' replays (training is over and they are saved; a replay saved with its member is
-        in the member's run directory, replay.pt). Their memory is freed for what follows (the report), and the
-        C allocator asked to return it to the system (malloc_trim)."""
+        """Let go of the members' replays once training is over and they are saved (replay.pt in a member's directory):
+        their memory is freed for what follows (the report), the C allocator asked to return it (malloc_trim)."""
         self.replays = [None] * len(self.replays)
         self.replay = None
         for view in self.views:
