@@ -87,9 +87,9 @@ class ExploreTable:
 class Actor:
     """`num_envs` envs stepped as one vector by `policy`. With `groups` > 1 the envs are that many equal groups
     (a population's members, side by side: group g is envs g*n .. g*n+n-1): a run's last, partial vector step
-    keeps the same first envs of every group, each batch row says its env (`env`), and each finished episode its
-    env (`episode_envs`); `seeds` gives every env its own reset seed (default seed, seed + 1, ...). Every finished
-    episode is an :class:`Episode` that says its env, counted from `env_offset` (the actor's first env in the run)."""
+    keeps the same first envs of every group and each batch row says its env (`env`); `seeds` gives every env its
+    own reset seed (default seed, seed + 1, ...). Every finished episode is an :class:`Episode` that says its env,
+    counted from `env_offset` (the actor's first env in the run)."""
 
     def __init__(self, env: EnvSpec, num_envs: int, seed: int, policy: ActingPolicy,
                  n_step: int = 1, gamma: float = 0.99, backend: str = "gymnasium", groups: int = 1,
@@ -108,7 +108,6 @@ class Actor:
         self._ep_return = np.zeros(num_envs)
         self._ep_len = np.zeros(num_envs, dtype=np.int64)
         self.episodes: list[Episode] = []              # finished (return, length; env), drained by the caller
-        self.episode_envs: list[int] = []              # the env of each of them (groups > 1 only)
 
     def load(self, state: dict, version: int) -> None:
         self.policy.load(state)
@@ -180,8 +179,6 @@ class Actor:
                     if not self.games:
                         self.episodes.append(Episode(float(self._ep_return[i]), int(self._ep_len[i]),
                                                      self.env_offset + int(i)))
-                        if G > 1:
-                            self.episode_envs.append(int(i))
                 self._ep_return[done] = 0.0
                 self._ep_len[done] = 0
                 self.policy.episode_end(done)
@@ -203,8 +200,6 @@ class Actor:
         for i in np.flatnonzero(final["_episode"]):
             self.episodes.append(Episode(float(final["episode"]["r"][i]), int(final["episode"]["l"][i]),
                                          self.env_offset + int(i)))
-            if self.groups > 1:
-                self.episode_envs.append(int(i))
 
     # ---- state (exact resume) -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -238,7 +233,6 @@ class Actor:
 
     def drain_episodes(self) -> list[Episode]:
         eps, self.episodes = self.episodes, []
-        self.episode_envs = []
         return eps
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ class PopulationPlan:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def describe(self, names: list[str] | None = None) -> str:
+    def describe(self) -> str:
         where = {"inline": "one process", "local": f"{len(self.groups)} processes",
                  "ray": f"{len(self.groups)} Ray tasks"}[self.schedule]
         sizes = "/".join(str(len(g)) for g in self.groups)
@@ -67,16 +67,13 @@ def plan_population(members: int, cores: float, kernel: str, side_by_side: bool,
 
 
 def kernel_of(cfg, env) -> tuple[str, bool]:
-    """The learner kernel a population's members will run (the machine's cached choice, else measured now) and
-    whether phases of it run side by side in threads."""
+    """The learner kernel a population's members will run (the learner core's choice) and whether phases of it run
+    side by side in threads."""
     from hetrl import kernels
     from hetrl.actors.envs import prepare_env, probe_spaces
-    from hetrl.algos import learn_spec, make_algorithm
     from hetrl.machine import resolve_device
-    from hetrl.runtime.layout import grads_per_phase, group_size
+    from hetrl.runtime.core import choose_kernel
 
     obs, act = probe_spaces(prepare_env(env, cfg))
-    device = resolve_device(cfg.system.device)
-    choice = kernels.choose(cfg, lambda: make_algorithm(cfg, obs, act, device), obs, act, learn_spec(cfg, obs, act),
-                            device, group_size(grads_per_phase(cfg), cfg.prioritized))
+    choice = choose_kernel(cfg, obs, act, resolve_device(cfg.system.device))
     return choice.name, kernels.kernel_class(choice.name).side_by_side()

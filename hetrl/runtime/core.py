@@ -1,21 +1,13 @@
 """The learner core: everything a schedule drives, written once.
 
-A schedule (inline, local, ray) is only a transport: how transitions reach the data storage,
-how sampled batches reach the learner, how parameters reach the actors. What the learner does
-with them exists here, once, for every schedule (as in Acme: one builder, a single-process or a
-distributed launcher):
-
-* process setup (seed, threads, denormals, device), the spaces, the algorithm, the replay spec;
-* the counters and the clock; the replay-ratio policy (:class:`~hetrl.runtime.ratio.ReplayRatio`:
-  when actors may collect, how many gradient steps the learner may take, the priority lag); the
-  grants in flight; PER beta annealing; the exploration table actors act with; the actors' seeds,
-  their :class:`~hetrl.actors.ActorSpec` and the restart policy of actors that die;
-* the learner step (timed, counted, TD errors checked), publishing to a :class:`ParameterStore`,
-  policy staleness;
-* one checkpoint format (so a run resumes under any schedule) and one set of figures;
-* for an on-policy algorithm (``storage = "rollout"``, hetrl/algorithm.py): a rollout storage in place of the
-  replay (hetrl/replay/rollout.py), the rollout rule in place of the replay ratio (ratio.RolloutRatio), and the
-  learner phase of a rollout (:meth:`LearnerCore.learn_rollout`: values, GAE, epochs of shuffled minibatches).
+A schedule (inline, local, ray) is only a transport: how transitions reach the data storage, how sampled batches
+reach the learner, how parameters reach the actors. What the learner does with them exists here, once, for every
+schedule (as in Acme: one builder, a single-process or a distributed launcher): process setup, the spaces, the
+algorithm and its kernel; the counters and the clock; the replay-ratio policy (ratio.py) and the grants in flight;
+PER beta annealing; the actors' seeds and the restart policy of actors that die; the learner step (timed, counted,
+checked), publishing; one checkpoint format (a run resumes under any schedule) and one set of figures. An
+on-policy algorithm (``storage = "rollout"``) has a rollout storage, the rollout rule (ratio.RolloutRatio) and
+the learner phase of a rollout (:meth:`LearnerCore.learn_rollout`) in place of the replay's.
 
 :class:`Schedule` is the interface every transport implements:
 ``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
@@ -25,6 +17,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -86,7 +81,7 @@ def setup_process(seed: int, threads: int) -> None:
 def peak_memory(device: torch.device) -> dict:
     """Peak memory so far: the learner process's RSS, the largest RSS of its finished child processes
     (local actors that were joined), and the GPU's max_memory_allocated when the learner is on one."""
-    import resource
+    import resource   # (Unix only)
 
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
@@ -100,16 +95,29 @@ def give_back_freed_memory() -> bool:
     large release (a population's replays before its report): glibc serves arrays of up to 32 MB from its
     heap once a free has raised its mmap threshold, and such memory, once freed, stays in the process's RSS
     until trimmed. True where it asked (glibc), False where there is no glibc (macOS, Windows, musl)."""
-    import ctypes
-    import ctypes.util
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)   # 1: memory released, 0: none
         return True
     except (OSError, AttributeError, TypeError):
         return False
+
+
+def choose_kernel(cfg: Config, obs_space, act_space, device, lay: Layout | None = None, algo=None) -> kernels.Choice:
+    """The learner's kernel (hetrl/kernels/: the machine's cached choice, else measured now) for learner calls of
+    the size the run makes: `lay`'s group, None for one process (inline, a population's members); an on-policy
+    phase's minibatches per call (learn_rollout)."""
+    def twin():
+        return make_algorithm(cfg, obs_space, act_space, device)
+
+    algo = algo if algo is not None else twin()
+    if getattr(algo, "storage", "replay") == "rollout":
+        minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
+        group = max(1, min(algo.phase_group(minibatches), minibatches))
+    else:
+        group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
+    return kernels.choose(cfg, twin, obs_space, act_space, learn_spec(cfg, obs_space, act_space), device, group,
+                          algo=algo)
 
 
 @dataclass
@@ -163,12 +171,6 @@ class LearnerCore:
         # on-policy: a rollout storage of n_steps x num_envs, learned in phases of epochs over minibatches
         self.rollout = getattr(self.algo, "storage", "replay") == "rollout"
         self.actor_envs = lay.envs_per_actor if lay is not None else cfg.num_envs
-        if self.rollout:   # a phase's minibatches per learn call (learn_rollout)
-            minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
-            group = max(1, min(self.algo.phase_group(minibatches), minibatches))
-        else:
-            group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized,
-                                                                 cfg.priority_lag)
         # stacked uint8 frames (Atari): each frame stored once, in host memory (hetrl/replay/frames.py)
         self.frames = not self.rollout and cfg.replay_frames and frames_apply(self.spec, cfg.frame_stack)
         self.storage_arrays = (RolloutStorage if self.rollout else FrameStorage if self.frames else Storage).layout(
@@ -177,9 +179,7 @@ class LearnerCore:
         # the device cannot hold
         self.replay_bytes = check_replay_memory(self.spec, cfg.buffer_size, "cpu" if self.frames else self.device,
                                                 arrays=self.storage_arrays)
-        self.kernel_choice = kernels.choose(cfg, self.twin, self.obs_space, self.act_space,
-                                            learn_spec(cfg, self.obs_space, self.act_space), self.device, group,
-                                            algo=self.algo)
+        self.kernel_choice = choose_kernel(cfg, self.obs_space, self.act_space, self.device, lay, self.algo)
         self._use_kernel(self.kernel_choice)
         self.c = Counters()
         self.params: ParameterStore | None = None
@@ -274,13 +274,11 @@ class LearnerCore:
         self.params = params
         self.publish()
 
-    def actor_spec(self, index: int, envs: int, restarts: int | None = None) -> ActorSpec:
-        """Actor `index`'s settings and policy. Seeds follow the env step count and the restarts (default:
-        the actor's so far), so an actor started on resume or after a crash does not replay the episodes
-        of the one before."""
+    def actor_spec(self, index: int, envs: int) -> ActorSpec:
+        """Actor `index`'s settings and policy. Seeds follow the env step count and the actor's restarts, so an
+        actor started on resume or after a crash does not replay the episodes of the one before."""
         cfg = self.cfg
-        restarts = self.restarts.get(index, 0) if restarts is None else restarts
-        env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * restarts
+        env_seed = cfg.seed + 1000 * index + self.c.env_steps + 7919 * self.restarts.get(index, 0)
         policy = self.kernel.wrap_policy(self.algo.make_policy(seed=env_seed + 1, num_envs=envs))
         return ActorSpec(self.env, envs, env_seed, policy, cfg.n_step, cfg.gamma, cfg.system.env_backend,
                          env_offset=index * envs)
@@ -484,12 +482,9 @@ class LearnerCore:
         every policy_delay-th update): the published version is then still the learner's policy, as of now."""
         changes = getattr(self.algo, "policy_changes", None)
         changes = changes() if changes is not None else None
-        if changed_only and changes is not None and changes == self._changes_published:
-            self._published_at = self.c.gradient_steps
-            self._version_at[self.c.params_version] = self.c.gradient_steps
-            return
-        self._changes_published = changes
-        self.c.params_version = self.params.publish(self.algo.policy_state())
+        if not (changed_only and changes is not None and changes == self._changes_published):
+            self._changes_published = changes
+            self.c.params_version = self.params.publish(self.algo.policy_state())
         self._published_at = self.c.gradient_steps
         self._version_at[self.c.params_version] = self.c.gradient_steps
         if len(self._version_at) > 4096:   # versions older than any chunk in flight
@@ -583,11 +578,10 @@ def _actors(envs: list[int] | None) -> str:
 class Schedule(abc.ABC):
     """A transport of the training protocol around one :class:`LearnerCore`.
 
-    Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer
-    or a handle with ``state_dict/load_state_dict/__len__``) and implement `phase`, `done`, `close`
-    and `_restart_actors` (after a checkpoint is loaded). Use it as a context manager, or call
-    `close()`: it stops every process, Ray actor and shared block the schedule started.
-    """
+    Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer or a handle with
+    ``state_dict/load_state_dict/__len__``) and implement `_step`, `done`, `close` and `_restart_actors` (after a
+    checkpoint is loaded). Use it as a context manager, or call `close()`: it stops every process, Ray actor and
+    shared block the schedule started."""
 
     name = "?"
     core: LearnerCore
@@ -743,7 +737,8 @@ class ActorsSchedule(Schedule):
     `_grant()` (timed: grants as far as the replay ratio allows), `_learn_step()` (one learner call; False when the
     ratio allows none), `_at_boundary()` (every chunk of the phase arrived and the learner learned what it owes),
     `_insert_phase()` (the phase's chunks in, in actor order), `_all_in()` (every env step is in and the learner
-    learned what the ratio owes, drawn groups too) and `_stop_actors()` (the run's figures and state stay)."""
+    learned what the ratio owes, drawn groups too), `_start_actors()` (seeded for the step count: actor_spec),
+    `_stop_actors()` (the run's figures and state stay) and `_ask_states()` (actors_state() of the idle actors)."""
 
     lay: Layout
     _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
@@ -793,6 +788,10 @@ class ActorsSchedule(Schedule):
         every actor steps its own envs, one share of every rollout each, whatever the timing)."""
         return not self.core.rollout or self.replay.wants(index)
 
+    def _restart_actors(self) -> None:
+        self._stop_actors()
+        self._start_actors()
+
     def extended(self) -> None:
         if self._finished:   # its actors were stopped at the end: new ones, with seeds for the step count
             self._finished, self._open, self._final = False, False, None
@@ -812,9 +811,6 @@ class ActorsSchedule(Schedule):
         if self._open or getattr(self, "_arrived", None):
             return {"unsaved": "the run stopped inside a phase"}
         return self._ask_states()
-
-    def _ask_states(self) -> dict:
-        return super().actors_state()
 
     def transport_figures(self) -> dict:
         c, lay, wall = self.c, self.lay, self.c.wall_s

@@ -3,10 +3,8 @@
 It is the reference realisation of the training protocol:
     actor --collect--> insert --> replay --sample--> learner --|TD|--> priorities --> replay
     learner --publish--> parameter store --latest--> actor
-One *phase* = `train_freq` env steps of acting, then the gradient steps the learner core's replay
-ratio allows (hetrl/runtime/ratio.py: replay_ratio x the env steps beyond learning_starts); for an
-on-policy algorithm, one rollout of acting, then its learner phase. The
-learner, counters, checkpoint and figures are the learner core's (hetrl/runtime/core.py).
+One *phase* = `train_freq` env steps of acting (on-policy: one rollout), then the gradient steps the learner
+core's replay ratio allows (on-policy: the rollout's learner phase).
 """
 
 from __future__ import annotations
@@ -26,13 +24,22 @@ class InlineSchedule(Schedule):
 
     def __init__(self, cfg: Config, env: EnvSpec):
         self.cfg, self.env = cfg, env
-        self.core = LearnerCore(cfg, env, threads=cfg.system.threads or os.cpu_count() or 1)
-        self.replay = self.core.make_replay()
-        self.params = InProcessParameterStore()
-        self.core.attach(self.params)
+        self._setup([LearnerCore(cfg, env, threads=cfg.system.threads or os.cpu_count() or 1)])
+
+    def _setup(self, cores: list[LearnerCore]) -> None:
+        """The learner cores (a population's: one per member), a replay and a parameter store each, and the actor."""
+        self.cores, self.core = cores, cores[0]
+        self.replays = [core.make_replay() for core in cores]
+        self.stores = [InProcessParameterStore() for _ in cores]
+        for core, store in zip(cores, self.stores):
+            core.attach(store)
+        self.replay, self.params = self.replays[0], self.stores[0]
         self.actor = None
         self._episodes: list[tuple[float, int]] = []
         self._restart_actors()
+
+    def _cores(self) -> list[LearnerCore]:
+        return self.cores
 
     def _restart_actors(self) -> None:
         if self.actor is not None:
@@ -75,4 +82,5 @@ class InlineSchedule(Schedule):
         self._closed = True
         if self.actor is not None:
             self.actor.close()
-        self.core.close()
+        for core in self.cores:
+            core.close()

@@ -1,9 +1,7 @@
 """Where a run goes: in this process, or as groups in processes of their own or Ray tasks (a population's groups).
 
 `stop_signals()`: Ctrl-C / SIGTERM ask a run to stop at the end of its phase, with a checkpoint.
-`run_groups(target, jobs, where)`: `target(*job, stopped=...)` for each job, in a process per job (local) or a Ray
-task per job (ray); it returns what each target returned. SIGINT / SIGTERM to this driver asks every group to stop
-at the first phase boundary past the furthest one's, so that every member stops at the same env step count.
+`run_groups(target, jobs, where)`: `target(*job, stopped=...)` for each job, in a process (local) or a Ray task (ray).
 """
 
 from __future__ import annotations
@@ -12,6 +10,8 @@ import contextlib
 import os
 import signal
 import threading
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hetrl.errors import HetrlError
@@ -50,26 +50,6 @@ def stop_signals():
             signal.signal(sig, handler)
 
 
-class DriverStop:
-    """A group process's view of its driver, asked at the start of every phase with its env steps.
-
-    The driver asks the groups to stop by setting `stop_at` to one past the furthest group's count; every group
-    then stops at the first phase boundary at or beyond it. The lock makes "record my count, read stop_at" and
-    "read every count, set stop_at" happen one at a time. A group whose starting process (the driver, or its fork
-    server) has ended stops at once rather than train on alone."""
-
-    def __init__(self, lock, progress, stop_at):
-        self.lock, self.progress, self.stop_at, self.parent = lock, progress, stop_at, os.getppid()
-
-    def __call__(self, env_steps: int) -> bool:
-        if os.getppid() != self.parent:
-            return True
-        with self.lock:
-            self.progress.value = env_steps
-            at = self.stop_at.value
-        return 0 <= at <= env_steps
-
-
 _driver: tuple | None = None   # in a group's process: (lock, progress of each group, stop_at) of its driver
 
 
@@ -82,26 +62,39 @@ def _driven(lock, progress, stop_at) -> None:
 
 
 def _group(target, index: int, job: tuple):
+    """Group `index`'s target, asked at the start of every phase with its env steps whether to stop.
+
+    SIGINT / SIGTERM to the driver sets `stop_at` to one past the furthest group's count; every group then stops at
+    the first phase boundary at or beyond it, so that every member stops at the same env step count. The lock
+    makes "record my count, read stop_at" and "read every count, set stop_at" happen one at a time. A group whose
+    starting process (the driver, or its fork server) has ended stops at once rather than train on alone."""
     lock, progress, stop_at = _driver
-    return target(*job, stopped=DriverStop(lock, progress[index], stop_at))
+    parent = os.getppid()
+
+    def stopped(env_steps: int) -> bool:
+        if os.getppid() != parent:
+            return True
+        with lock:
+            progress[index].value = env_steps
+            at = stop_at.value
+        return 0 <= at <= env_steps
+
+    return target(*job, stopped=stopped)
 
 
 def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, out: Path | None = None) -> list:
-    """`target(*job)` per job, in processes (`where` "local": the local schedule's process context, a process
-    per job) or Ray tasks ("ray": `cpus` each, on the cluster of cfg; the files a task returns under "files" are
+    """What `target(*job)` returned, per job, run in processes (`where` "local": the local schedule's process
+    context) or Ray tasks ("ray": `cpus` each, on the cluster of cfg; the files a task returns under "files" are
     written into `out`). The first group's error is raised here (the groups share their settings)."""
     if where == "ray":
         return _run_ray(target, jobs, cfg, cpus, out)
-    from concurrent.futures import ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
-
     from hetrl.runtime.local import _context
 
     ctx = _context()
     lock, stop_at = ctx.Lock(), ctx.Value("q", -1, lock=False)
     progress = [ctx.Value("q", 0, lock=False) for _ in jobs]
 
-    def ask_to_stop() -> None:   # every group stops at the first phase boundary past the furthest one
+    def ask_to_stop() -> None:
         with lock:
             if stop_at.value < 0:
                 stop_at.value = max(v.value for v in progress) + 1
@@ -130,11 +123,9 @@ def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, o
 
 
 def _run_ray(target, jobs: list[tuple], cfg, cpus: int, out: Path) -> list:
-    import ray
-
     from hetrl.runtime.ray_schedule import connect, disconnect
 
-    connect(cfg)
+    ray = connect(cfg)
     try:
         task = ray.remote(num_cpus=max(1, cpus))(target)
         results = ray.get([task.remote(*job) for job in jobs])

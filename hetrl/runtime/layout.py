@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from hetrl import registry
 from hetrl.config import Config
 from hetrl.errors import UsageError
 
@@ -53,8 +54,6 @@ def grads_per_phase(cfg: Config) -> int:
 
 def learns_rollouts(cfg: Config) -> bool:
     """Whether cfg.algo is on-policy: it learns from rollouts (a rollout storage in place of the replay)."""
-    from hetrl import registry
-
     return getattr(registry.get(cfg.algo), "storage", "replay") == "rollout"
 
 

@@ -2,20 +2,18 @@
 
     hetrl train dqn --env CartPole-v1 --schedule local [--actors N] [--envs-per-actor M]
 
-* N actor processes (local_actor.py) step M envs each and fill one half of a two-half staging
-  area in shared memory per grant (a chunk of env steps), answered with one small message.
-* This process is the learner core and the replay manager: it copies each staged chunk into the
-  shared-memory ring with one batched insert, samples (a prefetch thread draws the next group
-  while the learner learns), and writes priorities into the one tree the sampler reads.
+* N actor processes (local_actor.py) step M envs each and fill one half of a two-half staging area in shared
+  memory per grant (a chunk of env steps), answered with one small message.
+* This process is the learner core and the replay manager: it copies each staged chunk into the shared-memory
+  ring with one batched insert, samples (a prefetch thread draws the next group while the learner learns), and
+  writes priorities into the one tree the sampler reads.
 * Parameters reach the actors through a seqlock in shared memory (shm.SharedParameterStore).
-* The learner core's replay ratio (hetrl/runtime/ratio.py, Reverb's rate limiter) decides when an
-  actor gets a grant and how many batches the learner may draw; this transport only moves them,
-  and the waiting side blocks on a pipe. Nobody spins.
+* The learner core's replay ratio decides when an actor gets a grant and how many batches the learner may draw;
+  this transport only moves them, and the waiting side blocks on a pipe. Nobody spins.
 
-Life cycle: actors come from a preloaded forkserver (a fork, no imports); a dead actor is replaced
-(the core's restart policy); an actor's error is raised here with its traceback; if this process is killed,
-the actors exit too (lifeline pipe, PR_SET_PDEATHSIG) and the nameless shared memory is freed.
-docs/local.md has the details and the measurements.
+Life cycle: actors come from a preloaded forkserver (a fork, no imports); a dead actor is replaced (the core's
+restart policy); an actor's error is raised here with its traceback; if this process is killed, the actors exit
+too (lifeline pipe, PR_SET_PDEATHSIG) and the nameless shared memory is freed. docs/local.md has the details.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+from hetrl import registry
 from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
@@ -91,30 +90,25 @@ class _Handle:
         self.ctrl = self.data = self.lifeline = None
 
 
-class _Fleet:
-    """The actor processes; shut down by close(), by the garbage collector or at exit."""
-
-    def __init__(self):
-        self.handles: list[_Handle] = []
-
-    def shutdown(self, timeout: float = 2.0) -> None:
-        """Ask every actor to stop, then kill what is still alive after `timeout` seconds."""
-        for h in self.handles:
-            h.stopping = True
-            if h.ctrl is not None:
-                try:
-                    h.ctrl.send(None)
-                except (OSError, ValueError):
-                    pass
-        deadline = time.monotonic() + timeout
-        for h in self.handles:
-            if h.proc is not None:
-                h.proc.join(max(0.0, deadline - time.monotonic()))
-                if h.proc.is_alive():
-                    h.proc.kill()
-                    h.proc.join(1.0)
-                h.proc = None
-            h.close_pipes()
+def _shutdown(handles: list[_Handle], timeout: float = 2.0) -> None:
+    """Ask every actor process to stop, then kill what is still alive after `timeout` seconds (by close(), the
+    garbage collector or at exit)."""
+    for h in handles:
+        h.stopping = True
+        if h.ctrl is not None:
+            try:
+                h.ctrl.send(None)
+            except (OSError, ValueError):
+                pass
+    deadline = time.monotonic() + timeout
+    for h in handles:
+        if h.proc is not None:
+            h.proc.join(max(0.0, deadline - time.monotonic()))
+            if h.proc.is_alive():
+                h.proc.kill()
+                h.proc.join(1.0)
+            h.proc = None
+        h.close_pipes()
 
 
 class LocalSchedule(ActorsSchedule):
@@ -133,8 +127,6 @@ class LocalSchedule(ActorsSchedule):
             raise UsageError("overlap=false (lockstep) learns what the rate limiter allows between collect rounds; "
                              "keep rate_limit=true")
         self.lay = lay = layout(cfg)
-        from hetrl import registry
-
         _context(warm=True, preload=(registry.get(cfg.algo).__module__,))
         self.core = core = LearnerCore(cfg, env, lay.learner_threads, lay)
         spec, on_cpu = core.spec, core.device.type == "cpu"
@@ -161,46 +153,41 @@ class LocalSchedule(ActorsSchedule):
         self._phased = core.ratio.phased
         self._arrived: list[tuple] = []
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
-        self._fleet = _Fleet()
-        self._finalizer = weakref.finalize(self, self._fleet.shutdown)
+        self._handles: list[_Handle] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._handles)
         self._start_actors()
 
     # ---- actors ------------------------------------------------------------------------------
-    def _start_actors(self) -> None:
-        t0, waited = time.perf_counter(), self.c.learner_wait_s
-        self._fleet.handles = [_Handle(i) for i in range(self.lay.actors)]
-        for h in self._fleet.handles:
-            self._spawn(h)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not all(h.ready for h in self._fleet.handles):
-            if time.monotonic() > deadline:
-                self.close()
-                raise HetrlError(f"actor processes did not start within {START_TIMEOUT_S:.0f} s")
+    def _wait_for(self, ready) -> bool:
+        """Handle messages until ready() (False after START_TIMEOUT_S); the wait is not the learner's."""
+        waited, deadline = self.c.learner_wait_s, time.monotonic() + START_TIMEOUT_S
+        while not ready() and time.monotonic() < deadline and not self._closed:
             self._poll(1.0)
-        self.startup_s = time.perf_counter() - t0
         self.c.learner_wait_s = waited
+        return ready()
+
+    def _start_actors(self) -> None:
+        t0 = time.perf_counter()
+        self._handles[:] = [_Handle(i) for i in range(self.lay.actors)]
+        for h in self._handles:
+            self._spawn(h)
+        if not self._wait_for(lambda: all(h.ready for h in self._handles)):
+            self.close()
+            raise HetrlError(f"actor processes did not start within {START_TIMEOUT_S:.0f} s")
+        self.startup_s = time.perf_counter() - t0
 
     def _ask_states(self) -> dict:
         """A message on each actor's control pipe."""
-        handles, waited = self._fleet.handles, self.c.learner_wait_s
-        for h in handles:
+        for h in self._handles:
             h.state = None
             h.ctrl.send(("state",))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while any(h.state is None for h in handles) and time.monotonic() < deadline and not self._closed:
-            self._poll(1.0)
-        self.c.learner_wait_s = waited
-        if any(h.state is None for h in handles):
+        if not self._wait_for(lambda: all(h.state is not None for h in self._handles)):
             return {"unsaved": "an actor did not send its state"}
-        return self._states([h.state for h in handles])
+        return self._states([h.state for h in self._handles])
 
     def _load_actors(self, states: list) -> None:
-        for h, state in zip(self._fleet.handles, states):   # before its next grant, on the same pipe
+        for h, state in zip(self._handles, states):   # before its next grant, on the same pipe
             h.ctrl.send(("load", state))
-
-    def _restart_actors(self) -> None:
-        self._fleet.shutdown()
-        self._start_actors()
 
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
@@ -226,22 +213,22 @@ class LocalSchedule(ActorsSchedule):
         h.ready, h.outstanding, h.stopping = False, {}, False
 
     def actor_pids(self) -> list[int]:
-        return [h.proc.pid for h in self._fleet.handles if h.proc is not None and h.proc.is_alive()]
+        return [h.proc.pid for h in self._handles if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
     def _at_boundary(self) -> bool:
         """Every chunk of the phase is in its staging half and the learner drew and learned what it owes."""
-        handles = self._fleet.handles
+        handles = self._handles
         return (all(h.ready and not h.outstanding for h in handles) and self._ready is None
                 and self._pending is None and self._allowed_group() == 0)
 
     def _insert_phase(self) -> None:
         for index, half, rows, steps, version, busy in sorted(self._arrived, key=lambda a: a[0]):
-            self._insert(self._fleet.handles[index], half, rows, steps, version, busy)
+            self._insert(self._handles[index], half, rows, steps, version, busy)
         self._arrived = []
 
     def _grant_phase(self) -> None:
-        for h in self._fleet.handles:
+        for h in self._handles:
             if h.ctrl is None or not self._grant_half(h, 0):
                 break
 
@@ -270,7 +257,7 @@ class LocalSchedule(ActorsSchedule):
         """Give free staging halves env steps to collect, as far as the core's replay ratio allows.
         Overlap: up to two grants per actor (its double buffer), actors taken in turn.
         Lockstep: a collect round (one chunk per actor) only when the learner has nothing to do."""
-        handles = [h for h in self._fleet.handles if h.ready and not h.stopping and h.ctrl is not None]
+        handles = [h for h in self._handles if h.ready and not h.stopping and h.ctrl is not None]
         if not handles:
             return
         lockstep = not self.cfg.system.overlap
@@ -343,7 +330,7 @@ class LocalSchedule(ActorsSchedule):
     # messages -----------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
         """Handle every message and exit that is ready; wait up to `timeout` for the first."""
-        handles = [h for h in self._fleet.handles if h.proc is not None]
+        handles = [h for h in self._handles if h.proc is not None]
         waitables = {}
         for h in handles:
             waitables[h.data] = h
@@ -427,7 +414,7 @@ class LocalSchedule(ActorsSchedule):
             self.trace.append((self.c.env_steps, self.c.samples))
 
     def _stop_actors(self) -> None:
-        self._fleet.shutdown()
+        _shutdown(self._handles)
 
     # ---- figures ----------------------------------------------------------------------------------
     def transport_figures(self) -> dict:
@@ -438,7 +425,7 @@ class LocalSchedule(ActorsSchedule):
         if self._closed:
             return
         self._closed = True
-        self._fleet.shutdown()
+        _shutdown(self._handles)
         self.core.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)

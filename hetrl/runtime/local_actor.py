@@ -1,10 +1,8 @@
 """The actor process of the local schedule (hetrl/runtime/local.py).
 
-Each actor process steps `envs_per_actor` envs with batched inference on its policy snapshot.
-It owns a two-half staging area in shared memory (a double buffer).  The learner grants it one
-half at a time with a number of env steps to collect (the rate limiter decides when); the actor
-fills that half and answers with one small message (which half, how many rows), then works on
-the other half if it holds a grant for it, or blocks on its control pipe until it gets one.
+Each actor process steps `envs_per_actor` envs with batched inference on its policy snapshot and owns a two-half
+staging area in shared memory (a double buffer): it fills the half it was granted, answers with one small
+message, then works on the other half if it holds a grant for it, or blocks on its control pipe until it gets one.
 
 Messages, actor -> learner (a pipe):
     ("hello", pid)
@@ -13,15 +11,12 @@ Messages, actor -> learner (a pipe):
     ("error", exception type name, message, traceback)
 learner -> actor (a pipe): (half, env_steps, explore) grants, None = stop; ("state",) asks for the
 actor's state, ("load", state) restores one (an exact resume, at a phase boundary).  `explore` holds the
-algorithm's exploration parameter (algo.exploration at the global env step count) for each vector
-step of the chunk, so the learner's algorithm object decides epsilon / the noise, and actors need
-no copy of it.
+algorithm's exploration value (algo.exploration at the global env step count) for each vector step of the
+chunk, so the learner's algorithm object decides epsilon / the noise, and actors need no copy of it.
 
-The actor dies with the learner: PR_SET_PDEATHSIG (Linux) kills it when its parent process
-dies, and an end-of-file on the control pipe (the learner's end closed) makes it exit.
-Ctrl-C and SIGTERM sent to the whole process group (a terminal, `timeout`, a cluster scheduler)
-reach the actors too: they ignore both and leave the stop to the learner, which saves the run and
-stops them (so such an exit is never taken for a crash). SIGKILL still ends an actor at once.
+The actor dies with the learner (PR_SET_PDEATHSIG, and end-of-file on its pipes). Ctrl-C and SIGTERM sent to the
+whole process group (a terminal, `timeout`, a cluster scheduler) reach the actors too: they ignore both and leave
+the stop to the learner, which saves the run and stops them (so such an exit is never taken for a crash).
 """
 
 from __future__ import annotations

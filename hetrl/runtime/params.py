@@ -1,17 +1,12 @@
 """Parameter stores: versioned weights from the learner to the actors, without blocking either side.
 
-One interface, three transports:
-
     publish(state) -> version             the learner (one writer); versions count 0, 1, 2, ...
     latest(have) -> (state, version) | None
                                           a reader: the newest weights if newer than `have`
 
-* :class:`InProcessParameterStore` (inline): a host copy in this process.
-* :class:`hetrl.runtime.shm.SharedParameterStore` (local): a seqlock in shared memory that actor
-  processes read.
-* :class:`RayParameterStore` (ray): one object in Ray's object store per publication, read by every
-  actor (a broadcast); the store itself (a version and an object reference) travels with each
-  collect call, so an actor fetches the weights only when they are newer than its own.
+Inline: :class:`InProcessParameterStore` (a host copy); local: :class:`hetrl.runtime.shm.SharedParameterStore`
+(a seqlock in shared memory); ray: :class:`RayParameterStore` (one object in Ray's object store per publication,
+read by every actor; the store itself travels with each collect call).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives.
+"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives,
+the inline schedule over M members: one vector env (member m: envs m*n .. m*n+n-1) acting through
+Algorithm.stacked_policy, and each member's own replay and learner core, their phases learned as lanes.
 
-    members' envs  --one vector env (member m: envs m*n .. m*n+n-1)-->  one collect, Algorithm.stacked_policy
-    each member    --its own replay (sampler, priorities), learner core (algorithm, kernel, counters)-->
-    one learner call: every member's phase, members as lanes over the cores (kernels that release the GIL)
-
-Each member runs exactly what its own inline run would: its envs are seeded as that run's, its acting
-policy draws from its own RNG, its replay samples with its own seed and its learner draws from its own
-generator, so member i equals the inline run of seed i (tests/test_population.py). The members share one
-clock. Each member is also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of
-it), and the population's files (population.json, result.json with the report) are written here.
+Each member runs exactly what its own inline run would (its envs, acting policy, replay and learner seeded and
+drawing as that run's), so member i equals the inline run of seed i (tests/test_population.py). Each member is
+also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of it); the population's
+files (population.json, result.json with the report) are written here.
 """
 
 from __future__ import annotations
@@ -24,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from hetrl import registry
 from hetrl.actors import Actor
+from hetrl.checkpoint import write_json
 from hetrl.config import SYSTEM_KEYS, Config, check_value, make_config, settings_class
 from hetrl.errors import HetrlError, UsageError
 from hetrl.runtime.core import LearnerCore, Schedule, give_back_freed_memory
-from hetrl.runtime.params import InProcessParameterStore
+from hetrl.runtime.inline import InlineSchedule
 
 POPULATION_FILE = "population.json"
 FORMAT = "hetrl-population/1"
@@ -95,8 +94,6 @@ def parse_sweep(sweep: Any) -> dict[str, list]:
 def fixed_settings(algo: str) -> set[str]:
     """What every member of a population of `algo` shares: the settings that shape its networks or its
     learner's program, those that set when it acts and learns, the system's, and what names the run."""
-    from hetrl import registry
-
     cls, settings = registry.get(algo), settings_class(algo)
     return (set(settings.SHAPE_SETTINGS) | set(settings.SCHEDULE_SETTINGS) | set(getattr(cls, "shape_settings", ()))
             | set(getattr(cls, "schedule_settings", ())) | set(SYSTEM_KEYS) | {"algo", "env", "seed"})
@@ -146,8 +143,6 @@ def read_population(path: str | Path) -> dict:
 def write_members(out: Path, members: list[Member], spec: dict) -> dict:
     """OUT/population.json, what --resume rebuilds the members from (written before the members train, so that
     a driver that is killed leaves a population that resumes); returns its "population" entry."""
-    from hetrl.checkpoint import write_json
-
     out.mkdir(parents=True, exist_ok=True)
     base = members[0].cfg
     pop = {"seeds": spec.get("seeds", sorted({m.seed for m in members})), "sweep": spec.get("sweep", {}),
@@ -159,8 +154,6 @@ def write_members(out: Path, members: list[Member], spec: dict) -> dict:
 
 def write_population(out: Path, members: list[Member], spec: dict, figures: dict, info: dict) -> dict:
     """OUT/population.json and OUT/result.json (figures, `info`, and the report once every member has a result)."""
-    from hetrl.checkpoint import write_json
-
     base = members[0].cfg
     result = {"algo": base.algo, "env": base.env, "population": write_members(out, members, spec), **figures, **info,
               "config": {k: v for k, v in base.to_dict().items() if k != "seed"}}
@@ -200,33 +193,25 @@ class MemberSchedule(Schedule):
         self.population.stale = True   # every member loaded: one new actor at the next phase
 
 
-class PopulationSchedule(Schedule):
-    """The members of a population (their configs differ only in seed and swept settings that keep shapes and
-    step schedules) trained side by side in this process; `lanes`: member phases learned at once. Its counters
-    and clock are member 0's (every member steps alike); `views` are the members as schedules of their own."""
-
-    name = "inline"
-    PHASE_S = 0.0
+class PopulationSchedule(InlineSchedule):
+    """The inline schedule over the members of a population (their configs differ only in seed and swept settings
+    that keep shapes and step schedules); `lanes`: member phases learned at once. Its counters are member 0's
+    (every member steps alike); `views` are the members as schedules of their own."""
 
     def __init__(self, members: list[Member], env, lanes: int = 0, spec: dict | None = None):
         if not members:
             raise HetrlError("a population needs at least one member")
         self.members, self.env, self.spec = members, env, dict(spec or {})
-        self.cfgs = [m.cfg for m in members]
-        self.cores: list[LearnerCore] = []
+        cores: list[LearnerCore] = []
         try:
-            for cfg in self.cfgs:   # one thread each: the members are the lanes
-                self.cores.append(LearnerCore(cfg, env, threads=1))
+            for m in members:   # one thread each: the members are the lanes
+                cores.append(LearnerCore(m.cfg, env, threads=1))
         except BaseException:
-            for core in self.cores:
+            for core in cores:
                 core.close()
             raise
-        self.core = self.cores[0]
-        self.replays = [core.make_replay() for core in self.cores]
-        self.replay = self.replays[0]
-        self.params = [InProcessParameterStore() for _ in self.cores]
-        for core, store in zip(self.cores, self.params):
-            core.attach(store)
+        self.stale = False
+        self._setup(cores)
         self.views = [MemberSchedule(self, i) for i in range(len(self.cores))]
         self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(self.cores)))
         # phases of members in threads only where the kernel runs without the GIL (the compiled one): torch's
@@ -240,16 +225,12 @@ class PopulationSchedule(Schedule):
             from hetrl.kernels.cuda_graph import MembersGraph
 
             self.graph = MembersGraph([core.algo for core in self.cores])
-        self.actor: Actor | None = None
-        self.stale = False
-        self._episodes: list = []
-        self._restart_actors()
 
     def _restart_actors(self) -> None:
         """One actor over every member's envs, each env seeded as its member's own inline run seeds it."""
         if self.actor is not None:
             self.actor.close()
-        M, n = len(self.cores), self.cfgs[0].num_envs
+        M, n = len(self.cores), self.core.cfg.num_envs
         specs = [core.actor_spec(0, n) for core in self.cores]
         s0 = specs[0]
         policy = self.core.algo.stacked_policy([s.policy for s in specs], n)
@@ -260,7 +241,7 @@ class PopulationSchedule(Schedule):
 
     def _refresh(self) -> None:
         """Each member's newest policy into its part of the stacked policy, where newer than the one it acts with."""
-        for m, store in enumerate(self.params):
+        for m, store in enumerate(self.stores):
             new = store.latest(self.versions[m])
             if new is not None:
                 self.actor.policy.load_member(m, new[0])
@@ -276,7 +257,7 @@ class PopulationSchedule(Schedule):
     def _step(self) -> None:
         """Collect train_freq env steps of every member, insert each member's into its replay, learn what each
         member's replay ratio allows (members as lanes)."""
-        cfg, M, actor = self.cfgs[0], len(self.cores), self.actor
+        cfg, M, actor = self.core.cfg, len(self.cores), self.actor
         n = cfg.num_envs
         t0 = time.perf_counter()
         base = [core.c.env_steps for core in self.cores]
@@ -304,9 +285,8 @@ class PopulationSchedule(Schedule):
                 and not self.core.rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
         else:   # the gradient steps each member's learner core allows, as its inline run takes them
-            steps = (self._pool.map if self._pool is not None and len(learning) > 1 else map)(
-                lambda m: self.cores[m].learn_from(self.replays[m]), learning)
-            list(steps)
+            list((self._pool.map if self._pool is not None and len(learning) > 1 else map)(
+                lambda m: self.cores[m].learn_from(self.replays[m]), learning))
         self._refresh()
         self._episodes.extend(actor.drain_episodes())
 
@@ -323,11 +303,7 @@ class PopulationSchedule(Schedule):
             core.c.replay_s += (t1 - t0) / M
 
     def done(self) -> bool:
-        return self.c.env_steps >= self.cfgs[0].steps
-
-    # ---- the clock of every member, the population's figures ------------------------------------------
-    def _cores(self) -> list[LearnerCore]:
-        return self.cores
+        return self.c.env_steps >= self.core.cfg.steps
 
     def figures(self) -> dict:
         """Env steps per member, and throughput counted over all members."""
@@ -336,14 +312,13 @@ class PopulationSchedule(Schedule):
         return {"members": M, "env_steps": member["env_steps"], "wall_s": wall,
                 "env_steps_per_s": M * member["env_steps"] / wall if wall else 0.0,
                 "member_env_steps_per_s": member["env_steps_per_s"], "gradient_steps": grads,
-                "train_samples_per_s": self.cfgs[0].batch_size * grads / wall if wall else 0.0,
+                "train_samples_per_s": self.core.cfg.batch_size * grads / wall if wall else 0.0,
                 "lanes": self.lanes, "parallel_lanes": self.parallel,
                 "learner_kernel": member.get("learner_kernel"), "peak_rss_mb": member.get("peak_rss_mb")}
 
     def drop_replays(self) -> None:
-        """Let go of the members' replays (training is over and they are saved; a replay saved with its member is
-        in the member's run directory, replay.pt). Their memory is freed for what follows (the report), and the
-        C allocator asked to return it to the system (malloc_trim)."""
+        """Let go of the members' replays once training is over and they are saved (replay.pt in a member's directory):
+        their memory is freed for what follows (the report), the C allocator asked to return it (malloc_trim)."""
         self.replays = [None] * len(self.replays)
         self.replay = None
         for view in self.views:
@@ -351,12 +326,6 @@ class PopulationSchedule(Schedule):
         give_back_freed_memory()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._pool is not None:
+        if self._pool is not None and not self._closed:
             self._pool.shutdown(wait=True)
-        if self.actor is not None:
-            self.actor.close()
-        for core in self.cores:
-            core.close()
+        super().close()

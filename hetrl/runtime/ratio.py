@@ -1,27 +1,20 @@
 """The replay-ratio policy, written once: when actors may collect, and how many gradient steps the
 learner may take now.
 
-The learner core owns one (``core.ratio``); every schedule asks it and only moves what it answers
-(env steps to actors, batches to the learner, priorities back to the replay). It decides from:
+The learner core owns one (``core.ratio``); every schedule asks it and only moves what it answers. It decides
+from the core's counters (env steps inserted, granted and not yet in, transitions drawn) and:
 
-* the counters: env steps inserted (``core.c.env_steps``), granted to actors and not yet in
-  (``core.reserved``), transitions drawn (``core.c.samples``, a draw still on its way included);
 * the preset's replay ratio over the whole run: by env step E the learner owes
   ``(E - min_size) x replay_ratio`` gradient steps, ``min_size = max(learning_starts, batch_size)``,
   so a run has the same number of gradient steps under every schedule, whichever side was faster;
-* Reverb's sample-to-insert rule (:class:`~hetrl.replay.rate_limiter.RatioRule`) where acting and
-  learning overlap: an actor is granted env steps only while they may be inserted, and the learner
-  may lead the ratio by the error buffer while env steps are still to come (the ray schedule's
-  replay servers apply the sample side themselves, per shard: :meth:`ReplayRatio.server_rule`);
-* the policy-lag bound (``max_policy_lag``): the learner stays within that many gradient steps of
-  the oldest policy still acting (:meth:`LearnerCore.lag_room`);
-* the priority lag (``priority_lag``): with prioritised replay a batch is drawn only once the
-  priorities of all but ``priority_lag`` of the batches drawn before it are written (0: exact PER,
-  each batch sampled from a tree that holds every earlier batch's |TD|), under every schedule.
+* Reverb's sample-to-insert rule (:class:`~hetrl.replay.rate_limiter.RatioRule`) where acting and learning
+  overlap (the ray schedule's replay servers apply its sample side per shard: :meth:`ReplayRatio.server_rule`);
+* the policy-lag bound (``max_policy_lag``, :meth:`LearnerCore.lag_room`) and the priority lag (``priority_lag``:
+  a batch is drawn only once the priorities of all but that many earlier batches are written; 0: exact PER, each
+  batch sampled from a tree that holds every earlier batch's |TD|), under every schedule.
 
-An on-policy algorithm (a rollout storage in place of the replay) has :class:`RolloutRatio` instead, with the
-same interface: the actors collect one whole rollout, the learner learns it, and only then do the actors
-collect the next (no policy lag, under every schedule).
+An on-policy algorithm has :class:`RolloutRatio` instead, with the same interface: the actors collect one whole
+rollout, the learner learns it, and only then do the actors collect the next (no policy lag).
 """
 
 from __future__ import annotations
@@ -186,7 +179,7 @@ class ReplayRatio:
                 "priority_lag_max": self.lag_max if self.prioritized else None}
 
 
-class RolloutRatio:
+class RolloutRatio(ReplayRatio):
     """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq =
     n_steps x num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors
     get the next only then, so they always act with the newest policy (no policy lag) under every schedule. A
@@ -194,18 +187,12 @@ class RolloutRatio:
     cfg.steps by up to a rollout less one vector step. `chunk`: env steps per grant (one actor's share of a
     rollout: n_steps x its envs)."""
 
-    prioritized, priority_lag, lag_max, rule, error_buffer, servers, phased = False, 0, 0, None, None, 0, False
-
     def __init__(self, core, chunk: int | None = None):
-        self.core, self.B = core, core.cfg.batch_size
-        self.chunk = int(chunk or core.cfg.train_freq)
-        self.spi = core.cfg.replay_ratio * core.cfg.batch_size
-        self.min_size = 0
+        cfg = core.cfg
+        super().__init__(core, spi=cfg.replay_ratio * cfg.batch_size, min_size=0, chunk=int(chunk or cfg.train_freq),
+                         rate_limit=False)
+        self.prioritized = False
         self.base = core.c.env_steps              # env steps when the current rollout began
-
-    @property
-    def steps(self) -> int:
-        return self.core.cfg.steps
 
     @property
     def rollout(self) -> int:
@@ -238,15 +225,6 @@ class RolloutRatio:
     def owed(self) -> int:
         return self.allowed()
 
-    def drawn(self, g: int) -> None:
-        self.core.c.samples += g * self.B
-
-    def undrawn(self, g: int) -> None:
-        self.core.c.samples -= g * self.B
-
-    def written(self, g: int) -> None:
-        pass
-
     def phase_done(self) -> None:
         """The current rollout was learned (or dropped): the next begins at the current env step count."""
         self.base = self.core.c.env_steps
@@ -256,5 +234,4 @@ class RolloutRatio:
         return self.core.c.env_steps >= self.steps and self.collected() == 0
 
     def figures(self) -> dict:
-        return {"rate_limit": False, "phased": False, "samples_per_insert": self.spi, "rate_error_buffer": None,
-                "priority_lag": None, "priority_lag_max": None, "rollout": self.rollout}
+        return {**super().figures(), "rollout": self.rollout}

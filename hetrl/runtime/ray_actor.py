@@ -1,22 +1,17 @@
 """The actor of the ray schedule (hetrl/runtime/ray_schedule.py): a Ray actor on any node.
 
-Each one steps `envs` envs with batched inference on its policy snapshot, as the actors of the
-other schedules do (the same :class:`hetrl.actors.Actor`), and pushes every chunk of
-transitions straight to its replay-server shard, not through the learner.  The learner drives
-it with `collect` calls (at most two queued, a double buffer):
+It steps `envs` envs with the same :class:`hetrl.actors.Actor` as every schedule and pushes every chunk straight
+to its replay-server shard, not through the learner. The learner drives it with `collect` calls (at most two
+queued, a double buffer):
 
     collect(n, explore, params, stage) -> (env steps, rows, acting version, episodes, busy s, server counters)
     state_dict() / load_state_dict(state)      the actor's state (an exact resume, at a phase boundary)
 
-`explore` holds the algorithm's exploration value for each vector step (the learner's algorithm
-object decides epsilon / the noise, as in the local schedule); `params` is the learner's
-RayParameterStore (a version and a reference to one object in Ray's object store that every actor
-reads: a broadcast, not a copy per actor); the weights are fetched only when newer than the actor's.
-The call returns once the server acknowledged the insert: its rate limiter holds the actor
-there while the learner is behind. With `stage` (a reproducible run: phases) the chunk is staged at
-the server, which inserts the phase's chunks in actor order at the phase boundary (its commit).
-Without a server (an on-policy run: the learner holds the rollout) the
-chunk itself is returned, in place of the server's counters.
+`explore`: the algorithm's exploration value for each vector step (as in the local schedule); `params`: the
+learner's RayParameterStore, whose weights are fetched only when newer than the actor's. The call returns once
+the server acknowledged the insert (its rate limiter holds the actor there while the learner is behind); with
+`stage` (phases) the chunk is staged at the server, which inserts the phase's chunks in actor order at the
+boundary. Without a server (on-policy: the learner holds the rollout) the chunk itself is returned.
 """
 
 from __future__ import annotations
@@ -25,12 +20,13 @@ import copy
 import os
 from typing import Any
 
+import ray
+import torch
+
 
 class RayActor:
     def __init__(self, spec: Any, server: Any, one_thread: bool = True, index: int = 0):
         """spec: the learner's ActorSpec (env, seeds, the algorithm's acting policy, n-step, backend)."""
-        import torch
-
         if one_thread:
             torch.set_num_threads(1)
         torch.set_flush_denormal(True)
@@ -40,13 +36,9 @@ class RayActor:
         self.actor = copy.deepcopy(spec).build()
 
     def where(self) -> dict:
-        import ray
-
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
     def collect(self, n: int, explore: list, params: Any, stage: bool = False) -> tuple:
-        import ray
-
         batch, steps, busy = self.actor.take_grant(params, n, explore)
         rows = 0 if batch is None else len(batch["obs"])
         if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout

@@ -2,25 +2,21 @@
 
     hetrl train dqn --env CartPole-v1 --schedule ray [--address auto|HOST:PORT] [--actors N]
 
-* N Ray actors (ray_actor.py) step M envs each and push their chunks straight to their replay
-  shard; the learner core runs in this (driver) process.
-* The replay server (hetrl/replay/server.py, seeds/004) is replay manager + data storage + rate
-  limiter in a threaded Ray actor (`replay_shards` of them; actor i feeds shard i mod S).
-  Prioritised sampling and the gather happen there; the learner gets ready batches, keeps one
-  request in flight while it learns (prefetch, where the priority lag allows it) and sends |TD|
-  back to the tree that sampled; a sample waits at the server for the priorities sent before it.
+* N Ray actors (ray_actor.py) step M envs each and push their chunks straight to their replay shard; the
+  learner core runs in this (driver) process.
+* The replay servers (hetrl/replay/server.py: replay manager + data storage + rate limiter, `replay_shards` of
+  them; actor i feeds shard i mod S) sample and gather; the learner gets ready batches, keeps one request in
+  flight while it learns (where the priority lag allows) and sends |TD| back to the tree that sampled (a sample
+  waits at the server for the priorities sent before it).
 * Parameters: one `ray.put` per publication, read by every actor (params.RayParameterStore).
-* When actors collect and how many batches the learner asks for is the learner core's replay
-  ratio (hetrl/runtime/ratio.py), as in every schedule. Reproducible (the default): phases, as the
-  local schedule's: each actor stages one chunk per phase at its server, the servers insert them in
-  actor order at the boundary, the learner samples the replay as it stood there and the actors act
-  with the policy of the boundary before. Timed (reproducible=false): the servers apply the
-  ratio's sample side per shard and take chunks as they come.
+* The learner core's replay ratio decides when actors collect and how many batches the learner asks for.
+  Reproducible (the default): phases, as the local schedule's (each actor stages one chunk per phase at its
+  server, the servers insert them in actor order at the boundary). Timed (reproducible=false): the servers
+  apply the ratio's sample side per shard and take chunks as they come.
 
-An actor that dies (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs;
-env steps are counted from the servers' acknowledgements, so a chunk lost with its actor is
-collected again. Without `ray_address` a local Ray is started and stopped; a Ray the caller
-initialised is used as it is. docs/ray.md has the details.
+A dead actor (node lost, crash, `ray.kill`) is replaced wherever the cluster has CPUs; env steps are counted from
+the servers' acknowledgements, so a chunk lost with its actor is collected again. Without `ray_address` a local
+Ray is started and stopped; a Ray the caller initialised is used as it is. docs/ray.md has the details.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -41,16 +38,19 @@ from hetrl.runtime.core import ActorsSchedule, LearnerCore
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
 
+try:
+    import ray
+except ImportError:   # Ray is optional (hetrl[ray]): import_ray() says how to install it
+    ray = None
+
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
 IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
 START_S = 300.0           # for the actors to start (or send their state)
 
 
 def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--schedule ray needs Ray: pip install 'hetrl[ray]' (or pip install ray)") from None
+    if ray is None:
+        raise UsageError("--schedule ray needs Ray: pip install 'hetrl[ray]' (or pip install ray)")
     return ray
 
 
@@ -61,7 +61,7 @@ def connect(cfg: Config):
     """Ray, initialised: the caller's if it called ray.init, else the cluster at cfg.system.ray_address,
     else a local Ray started here (one node, this machine's CPUs)."""
     global _started
-    ray = import_ray()
+    import_ray()
     if ray.is_initialized():
         return ray
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level="warning")
@@ -81,15 +81,11 @@ def disconnect() -> None:
     """Stop the Ray that connect() started (a cluster or the caller's Ray is left running)."""
     global _started
     if _started:
-        import ray
-
         ray.shutdown()
         _started = False
 
 
 def cluster_cpus() -> int:
-    import ray
-
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
@@ -106,7 +102,6 @@ def _imports(module: str) -> bool:
 def nodes_lacking(module: str) -> list[str]:
     """The addresses of the alive Ray nodes with CPUs (where actors may run) whose Python cannot import
     `module`: the planner's choices (EnvPool) are measured on this machine and must hold on every node."""
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
@@ -140,7 +135,7 @@ class RaySchedule(ActorsSchedule):
     name = "ray"
 
     def __init__(self, cfg: Config, env: EnvSpec):
-        ray = import_ray()
+        import_ray()
         self.cfg, self.env = cfg, env
         self._closed = False
         self.slots: list[_Slot] = []
@@ -165,7 +160,7 @@ class RaySchedule(ActorsSchedule):
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
-        self._check_resources(ray)
+        self._check_resources()
         t0 = time.perf_counter()
         if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
             self.replay = self.core.make_replay()
@@ -178,13 +173,11 @@ class RaySchedule(ActorsSchedule):
             self.servers = self.replay.handles
         self.core.attach(self.params)
         self.slots = [_Slot(i) for i in range(lay.actors)]
-        for s in self.slots:
-            self._spawn(s)
-        self._wait_ready()
+        self._start_actors()
         self.startup_s = time.perf_counter() - t0
 
     # ---- cluster ------------------------------------------------------------------------------------
-    def _check_resources(self, ray) -> None:
+    def _check_resources(self) -> None:
         cfg, lay = self.cfg, self.lay
         cpus = ray.cluster_resources().get("CPU", 0)
         need = lay.actors * cfg.system.ray_actor_cpus
@@ -195,8 +188,6 @@ class RaySchedule(ActorsSchedule):
                              f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
 
     def _spawn(self, s: _Slot) -> None:
-        import ray
-
         from hetrl.runtime.ray_actor import RayActor
 
         spec = self.core.actor_spec(s.index, self.lay.envs_per_actor)
@@ -205,9 +196,9 @@ class RaySchedule(ActorsSchedule):
         s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread, s.index)
         s.calls = {}
 
-    def _wait_ready(self) -> None:
-        import ray
-
+    def _start_actors(self) -> None:
+        for s in self.slots:
+            self._spawn(s)
         try:
             wheres = ray.get([s.handle.where.remote() for s in self.slots], timeout=START_S)
         except Exception as e:
@@ -224,13 +215,15 @@ class RaySchedule(ActorsSchedule):
         for s in self.slots:
             self._grant_one(s)
 
-    def _grant_one(self, s: _Slot) -> None:
-        """Actor s's chunk of this phase, to be staged at its server."""
+    def _grant_one(self, s: _Slot) -> bool:
+        """Actor s's next chunk (phases: staged at its server); False when the core grants none now."""
         grant = self.core.next_grant(self.lay.envs_per_actor)
-        if grant is not None:
-            ref = s.handle.collect.remote(grant[0], grant[1], self.params, True)
-            s.calls[ref] = grant[0]
-            self.core.granted(ref, grant[0])
+        if grant is None:
+            return False
+        ref = s.handle.collect.remote(grant[0], grant[1], self.params, self._phased)
+        s.calls[ref] = grant[0]
+        self.core.granted(ref, grant[0])
+        return True
 
     def _at_boundary(self) -> bool:
         return not any(s.calls for s in self.slots) and self._pending is None and self.core.ratio.allowed() == 0
@@ -250,8 +243,6 @@ class RaySchedule(ActorsSchedule):
     def _poll(self, timeout: float) -> None:
         """Wait up to `timeout` for a collect call or the sample request to end, then take the collect calls
         that ended."""
-        import ray
-
         refs = [r for s in self.slots for r in s.calls] + ([self._pending[1]] if self._pending is not None else [])
         if timeout and refs:
             t0 = time.perf_counter()
@@ -267,17 +258,10 @@ class RaySchedule(ActorsSchedule):
         in_flight = 1 if self.core.rollout else IN_FLIGHT
         for s in self.slots:
             while len(s.calls) < in_flight and self._wants(s.index):
-                grant = self.core.next_grant(self.lay.envs_per_actor)
-                if grant is None:
+                if not self._grant_one(s):
                     return
-                n, table = grant
-                ref = s.handle.collect.remote(n, table, self.params)
-                s.calls[ref] = n
-                self.core.granted(ref, n)
 
     def _harvest(self) -> None:
-        import ray
-
         for s in self.slots:
             if not s.calls:
                 continue
@@ -332,8 +316,6 @@ class RaySchedule(ActorsSchedule):
         self.core.ratio.drawn(g)
 
     def _learn_step(self) -> bool:
-        import ray
-
         if self.core.rollout:
             return self.core.learn_rollout(self.replay)
         self._request()
@@ -363,8 +345,6 @@ class RaySchedule(ActorsSchedule):
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def _error(self, e: Exception, where: str) -> Exception:
-        import ray
-
         cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
         if isinstance(cause, UsageError):
             return UsageError(str(cause))
@@ -376,8 +356,6 @@ class RaySchedule(ActorsSchedule):
         return HetrlError(f"a Ray actor failed {where}: {e}")
 
     def _stop_actors(self) -> None:
-        import ray
-
         for s in getattr(self, "slots", []):
             if s.handle is not None:
                 try:
@@ -402,16 +380,12 @@ class RaySchedule(ActorsSchedule):
         return {**super().transport_figures(), "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
 
     def _ask_states(self) -> dict:
-        import ray
-
         try:
             return self._states(ray.get([s.handle.state_dict.remote() for s in self.slots], timeout=START_S))
         except Exception as e:   # an actor lost meanwhile
             return {"unsaved": f"an actor did not send its state ({type(e).__name__})"}
 
     def _load_actors(self, states: list[dict]) -> None:
-        import ray
-
         self._sync_servers()
         ray.get([s.handle.load_state_dict.remote(state) for s, state in zip(self.slots, states)])
 
@@ -421,19 +395,12 @@ class RaySchedule(ActorsSchedule):
             self.replay.set_counters(self.c.env_steps, self.c.samples)
 
     def _restart_actors(self) -> None:
-        """After a checkpoint without the actors' state: actors started with seeds for step 0 are replaced by
-        actors with seeds for this step count."""
         self._sync_servers()
-        self._stop_actors()
-        for s in self.slots:
-            self._spawn(s)
-        self._wait_ready()
+        super()._restart_actors()
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor over a NumPy array from Ray's object store (read-only memory: the learner only reads it)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
         return torch.from_numpy(a)

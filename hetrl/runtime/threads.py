@@ -86,6 +86,9 @@ class ThreadGovernor:
         if self._last is None and n > 1:
             self._last = self.read()
         self.planned, self._calm = n, 0
+        self._set(n)
+
+    def _set(self, n: int) -> None:
         if n != self.threads:
             self.threads, self.changes = n, self.changes + 1
             self.min_threads = min(self.min_threads, n)
@@ -108,10 +111,7 @@ class ThreadGovernor:
         else:
             self._calm += 1
             want = self.planned if self._calm >= 2 else self.threads
-        if want != self.threads:
-            self.threads, self.changes = want, self.changes + 1
-            self.min_threads = min(self.min_threads, want)
-            self.apply(want)
+        self._set(want)
         return self.threads
 
     def figures(self) -> dict:
