@@ -21,11 +21,12 @@ def pytest_configure(config):
 
 # The longest files first: pytest-xdist hands whole files to its workers in collection order, so a long file
 # collected last would run alone at the end while the other worker idles
-LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_local_lifecycle.py", "test_atari.py",
-                 "test_population.py", "test_ray_cluster.py", "test_crossq.py", "test_ray_start.py", "test_local.py",
-                 "test_sac_td3.py", "test_onpolicy_runs.py", "test_onpolicy_sb3.py", "test_kernel_compiled.py",
-                 "test_compiler.py", "test_planner_busy.py", "test_sb3_surface.py", "test_learning.py", "test_callbacks.py",
-                 "test_cli.py")
+LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_sac_td3.py", "test_onpolicy_runs.py",
+                 "test_local.py", "test_onpolicy_sb3.py", "test_atari.py", "test_population.py",
+                 "test_kernel_compiled.py", "test_learning.py", "test_local_lifecycle.py", "test_ray_cluster.py",
+                 "test_crossq.py", "test_atari_envpool.py", "test_sb3_surface.py", "test_cli.py",
+                 "test_kernel_layers.py", "test_ray_start.py", "test_plan_preset.py", "test_compiler.py",
+                 "test_obs_spaces.py", "test_planner_busy.py", "test_planner_profile.py")
 
 
 def pytest_collection_modifyitems(config, items):
