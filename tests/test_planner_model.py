@@ -302,3 +302,33 @@ def test_prefetch_is_priced_and_planned_as_the_profile_measured_it():
             predict(plan_, t, dataclasses.replace(per, prefetch=False), cores=2).times["main_per_grad"])
     # the uniform loop's figure is another entry: a prioritized one does not decide it
     assert t.prefetch_pays("cpu", False, 32) and not synthetic_table().prefetch("cpu", True, 1)
+
+
+def test_the_loop_the_profile_timed_whole_is_priced_beyond_its_parts():
+    """What the real inline loop measured per env step beyond the model's parts (profile/loop.py) is added to an
+    inline plan whole, and to a local plan less its acting (a local actor acts in a process of its own); an entry
+    measured under load, a GPU learner and an on-policy workload add nothing."""
+    import dataclasses
+
+    t = synthetic_table(cores=4)
+    inline, local = Plan("inline", 1, 4, threads=1), Plan("local", 1, 4, threads=1)
+    before = {p.schedule: predict(p, t, WORK, cores=4) for p in (inline, local)}
+    assert before["inline"].times["loop_excess_per_step"] == 0.0
+    parts = before["inline"].times
+    side = parts["insert_per_step"] + WORK.replay_ratio * (parts["sample"] + parts["update_priorities"]
+                                                           + parts["param_sync"])
+    rest, act = parts["act_per_step"] + side + 400e-6, parts["act_per_step"] + 150e-6
+    t.data["loop"] = {"cpu": {"1": {"s": rest, "act_s": act, "envs": 4}}}
+    got = predict(inline, t, WORK, cores=4)
+    assert got.times["loop_excess_per_step"] == pytest.approx(400e-6)
+    assert 1 / got.env_steps_per_s == pytest.approx(1 / before["inline"].env_steps_per_s + 400e-6)
+    assert predict(local, t, WORK, cores=4).times["loop_excess_per_step"] == pytest.approx(250e-6)
+    assert predict(Plan("inline", 1, 4, threads=2), t, WORK, cores=4).times["loop_excess_per_step"] == \
+        pytest.approx(400e-6)   # the nearest thread count measured quiet
+    assert predict(inline, t, dataclasses.replace(WORK, rollout=True), cores=4).times["loop_excess_per_step"] == 0
+    t.data["loop"]["cpu"]["1"]["provisional"] = "measured under load"
+    assert predict(inline, t, WORK, cores=4).times["loop_excess_per_step"] == 0.0
+    gpu = synthetic_table(gpus=("gpu",), learn_s={"cpu": 1e-3, "cuda:0": 1e-4})
+    gpu.data["loop"] = {"cpu": {"1": {"s": 1.0, "act_s": 0.0, "envs": 4}}}
+    assert predict(Plan("inline", 1, 4, learner_device="cuda:0", storage_device="cuda:0"), gpu, WORK,
+                   cores=4).times["loop_excess_per_step"] == 0.0

@@ -253,3 +253,21 @@ def test_the_profile_times_acting_with_the_learner_kernel_it_chose(monkeypatch):
     t = run_profile(make_config("dqn", "CartPole-v1", TINY), devices=["cpu"], quick=True)
     assert t.data["learner_kernel"]["cpu"]["name"] in ("public", "compiled")
     assert built and all(any(p is w for w in wrapped) for p in built)
+
+
+def test_the_profile_times_the_inline_loop_whole(cache):
+    """Section ``loop``: a short real inline run of the workload, timed per phase in wall time less the learner's
+    updates (the core's own count), per env step; what a plan then reads back."""
+    from hetrl.planner.profile import ProfileTable, _pass, grid_for
+
+    cfg = make_config("dqn", "CartPole-v1", {**TINY, "learner_kernel": "public"})
+    grid = {**grid_for(cfg, quick=True), "loop": [1]}
+    assert grid_for(cfg)["loop"] == grid_for(cfg)["threads"] and grid_for(make_config("ppo", "CartPole-v1"))["loop"] == []
+    data = {"grid": grid}
+    _pass(cfg, None, ["cpu"], grid, data, 5.0, 0.3, 0.05, True, lambda msg: None, False, False, None,
+          only={("loop", "cpu", "1")})
+    e = data["loop"]["cpu"]["1"]
+    assert e["envs"] == 2 and e["threads"] == 1 and e["steps_per_phase"] >= 16
+    assert e["s"] > 0 and e["act_s"] > 0 and e["grads_per_step"] == pytest.approx(0.5, rel=0.3)
+    got = ProfileTable(data).loop("cpu", 2)   # the nearest thread count measured quiet; none under load
+    assert (got is None) == bool(e.get("provisional")) and (got is None or got["s"] == e["s"])

@@ -31,7 +31,9 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
                                      never with exact PER (priority_lag 0): a batch is drawn only
                                      once every earlier batch's priorities are written
     gc = s + t l + u + y             main process, core-seconds per gradient step
-    m  = i + rr g,   mc = i + rr gc  per env step
+    e  = loop excess per env step: what the profile's real inline loop measured (profile/loop.py) beyond
+         a + i + rr (s + u + y) at its settings (inline: all of it; local: less its acting's share), else 0
+    m  = i + rr g + e,   mc = i + rr gc + e  per env step
 
     inline:   X = 1 / (a + m)                                 one process alternates
     local:    X = min(N / a,  1 / m,  C_eff / (a + mc))       actors | learner | shared cores
@@ -252,32 +254,77 @@ def predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None
     return _predict(plan, table, work, cores, 1.0 + (SPIN - 1.0) * rho)
 
 
-def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None, spin: float) -> Prediction:
-    C = float(cores or table.cores)
-    T, w, N, B, b = table, plan.envs_per_actor, plan.actors, plan.batch_size, table.bytes_per_transition
-    L, DS, RM, INF = plan.learner_device, plan.storage_device, plan.replay_device, plan.actor_inference_device
-    rr, p = work.replay_ratio, 1.0 if work.prioritized else 0.0
-    inline = plan.schedule == "inline"
+@dataclass
+class _Parts:
+    """The model's terms of a plan apart from the learner's updates (seconds; see the module docstring)."""
 
-    a = T.act(w, INF) / w
+    a: float          # acting per env step
+    i: float          # inserting per env step
+    s: float          # drawing per gradient step
+    u: float          # priorities per gradient step
+    y: float          # publishing per gradient step
+    n: int            # env steps per insert
+    kg: int           # gradient steps per learner call
+    i_ds: float       # the data storage's share of an insert of n
+    keys: float       # the replay manager's draw of kg batches
+    gather: float     # the data storage's gather of kg batches
+    x_batch: float    # the batches' transfer to the learner
+
+
+def _parts(plan: Plan, T: ProfileTable, work: Workload) -> _Parts:
+    w, B, b = plan.envs_per_actor, plan.batch_size, T.bytes_per_transition
+    L, DS, RM, INF = plan.learner_device, plan.storage_device, plan.replay_device, plan.actor_inference_device
+    p = 1.0 if work.prioritized else 0.0
     n = _chunk(plan, work)
     i_ds = T.op("ds_insert", DS, n) + T.xfer("cpu", DS, n * b)
-    i = (i_ds + p * T.op("rm_insert", RM, n) + (0.0 if inline else T.ipc(IPC_MESSAGE_BYTES))) / n
+    i = (i_ds + p * T.op("rm_insert", RM, n) + (0.0 if plan.schedule == "inline" else T.ipc(IPC_MESSAGE_BYTES))) / n
     kg = learner_group(plan, work)
     keys = T.op("rm_sample" if work.prioritized else "rm_uniform", RM, kg * B)
-    x_keys = T.xfer(RM, DS, KEY_BYTES * kg * B)
     gather = T.op("ds_gather", DS, kg * B)
     x_batch = T.xfer(DS, L, kg * B * b) + T.xfer(RM, L, WEIGHT_BYTES * kg * B)
-    s = (keys + x_keys + gather + x_batch) / kg
-    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, else profiled
-    l = float(ran["s"]) if ran is not None else T.learn_step(L, B, plan.threads, kg) * spin
+    s = (keys + T.xfer(RM, DS, KEY_BYTES * kg * B) + gather + x_batch) / kg
     u = p * (T.xfer(L, RM, TD_BYTES * B) + T.op("rm_update", RM, B))
     y = T.param_sync(L) / _per_publish(plan, work)
+    return _Parts(T.act(w, INF) / w, i, s, u, y, n, kg, i_ds, keys, gather, x_batch)
+
+
+def loop_excess(plan: Plan, table: ProfileTable, work: Workload) -> float:
+    """Seconds per env step that the inline loop measured (profile/loop.py) beyond the model's parts, as this plan
+    pays them: an inline plan all of it; a local plan its learner process's share, the loop's excess less its
+    acting's (an inline actor acts between two updates, which evict its policy from the caches; a local actor
+    acts in a process of its own). 0 where the profile has no loop: a GPU learner, an on-policy workload."""
+    if plan.learner_device != "cpu" or work.rollout:
+        return 0.0
+    got = table.loop("cpu", plan.threads)
+    if got is None:
+        return 0.0
+    ref = Plan("inline", 1, int(got.get("envs", plan.envs_per_actor)), batch_size=plan.batch_size,
+               threads=plan.threads)
+    q = _parts(ref, table, work)
+    side = q.i + work.replay_ratio * (q.s + q.u + q.y)
+    if plan.schedule == "inline":
+        return max(0.0, float(got["s"]) - q.a - side)
+    return max(0.0, float(got["s"]) - float(got.get("act_s", 0.0)) - side)
+
+
+def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None, spin: float) -> Prediction:
+    C = float(cores or table.cores)
+    T, w, N, B = table, plan.envs_per_actor, plan.actors, plan.batch_size
+    L, DS, RM, INF = plan.learner_device, plan.storage_device, plan.replay_device, plan.actor_inference_device
+    rr = work.replay_ratio
+    inline = plan.schedule == "inline"
+
+    q = _parts(plan, T, work)
+    a, i, s, u, y, n, kg = q.a, q.i, q.s, q.u, q.y, q.n, q.kg
+    i_ds, keys, gather, x_batch = q.i_ds, q.keys, q.gather, q.x_batch
+    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, else profiled
+    l = float(ran["s"]) if ran is not None else T.learn_step(L, B, plan.threads, kg) * spin
     t_learn = plan.threads if L == "cpu" else 1
     prefetch = prefetches(plan, T, work, C)
     g = (max(s, l) if prefetch else s + l) + u + y
     gc = s + t_learn * l + u + y
-    m, mc = i + rr * g, i + rr * gc
+    e = loop_excess(plan, T, work)                          # what the real loop adds to the parts
+    m, mc = i + rr * g + e, i + rr * gc + e
     cpu_per_step = a + mc
 
     r = t_learn if inline else N + t_learn                       # our runnable threads
@@ -307,6 +354,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
         if dev != "cpu":
             gpu_time[dev] = gpu_time.get(dev, 0.0) + t
     if RM != "cpu":
+        p = 1.0 if work.prioritized else 0.0
         gpu_time[RM] = gpu_time.get(RM, 0.0) + p * T.op("rm_insert", RM, n) / n + rr * (keys / kg + u)
     for dev, t in gpu_time.items():
         busy[dev] = min(1.0, X * t)
@@ -326,7 +374,8 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     src = "estimated" if sources == {"estimated"} else ("partly estimated" if "estimated" in sources else "measured")
     times = {"act_per_step": a, "insert_per_step": i, "sample": s, "learn": l, "update_priorities": u,
              "param_sync": y, "transfer_per_grad": x_batch / kg, "main_per_grad": g, "main_per_step": m,
-             "main_cpu_per_step": mc, "insert_chunk": float(n), "group": float(kg), "cores_effective": c_eff}
+             "main_cpu_per_step": mc, "loop_excess_per_step": e, "insert_chunk": float(n), "group": float(kg),
+             "cores_effective": c_eff}
     return Prediction(plan, X, X * rr * B, X * rr, bound, limits, busy, roles, times, watts,
                       X / watts if watts > 0 else 0.0, src, watts_by)
 

@@ -16,6 +16,9 @@ learner.py
 ``learn_grouped``  the same at the run's batch size with K gradient steps per ``learn`` call, per step,
                    per thread count, for the K the schedules use (local: up to 32; inline: a phase)
 ``param_sync``     publish the learner's weights + load them into an actor policy
+loop.py
+``loop``           a short real inline run per CPU thread count: wall time per env step beyond the learner's
+                   updates (acting, inserting, drawing, counting, publishing), and of it the acting; off-policy
 replay.py
 ``ds_insert``      data storage: ``Storage.insert`` of n transitions already on the device
 ``ds_gather``      data storage: ``Storage.get`` of n slots (keys already on the device)
@@ -63,6 +66,7 @@ from typing import Callable
 from hetrl.errors import UsageError
 from hetrl.planner.profile.context import Budget, Context, sync_of
 from hetrl.planner.profile.envs import measure_envs, measure_inference
+from hetrl.planner.profile.loop import measure_loop
 from hetrl.planner.profile.learner import Learners, learn_timing, measure_learner, synthetic_batch
 from hetrl.planner.profile.replay import (PREFETCH_MARGIN, measure_prefetch, measure_replay_manager, measure_storage,
                                           prefetch_timing)
@@ -88,7 +92,7 @@ def _primitives(grid: dict, devices: list[str]) -> int:
     n_gpu = sum(d != "cpu" for d in devices)
     return (3 * len(W) + len(W) * len(devices) + len(Bs) * (len(T) + n_gpu) + len(devices) * 2
             + len(devices) * (len(I) + len(S)) + (3 * len(S) + len(I)) + 2 * (1 + 3 * n_gpu) + 2
-            + 2 * len(grid.get("prefetch", [])))
+            + 2 * len(grid.get("prefetch", [])) + len(grid.get("loop", [])))
 
 
 RETRIES = 2              # passes that measure the provisional entries again within one profile, while quiet
@@ -158,7 +162,8 @@ def _pass(cfg, env, devices, grid, data, budget_s, cap_s, tol, quick, say, ipc, 
     mkw = {"tol": tol}
     if quick:
         mkw.update(min_rounds=4, window=3, min_round_s=0.003)
-    env = prepare_env(env if env is not None else cfg.env, cfg)   # the wrappers of the settings (Atari, frame_stack)
+    given = env if env is not None else cfg.env   # as the run is given it (the loop section builds a run of it)
+    env = prepare_env(given, cfg)   # the wrappers of the settings (Atari, frame_stack)
     obs_space, act_space = probe_spaces(env)
     count = _primitives(grid, devices) if only is None else len(only)
     ctx = Context(cfg, env, obs_space, act_space, replay_spec(cfg, obs_space, act_space), devices, grid,
@@ -188,6 +193,7 @@ def _pass(cfg, env, devices, grid, data, budget_s, cap_s, tol, quick, say, ipc, 
             data.update(measure_prefetch(ctx, learners.cpu))
         data.update(measure_replay_manager(ctx))
         data.update(measure_transfers(ctx, ipc))
+        data.update(measure_loop(ctx, given))
     finally:
         torch.set_num_threads(old_threads)
         torch.set_flush_denormal(old_denormal)

@@ -24,7 +24,7 @@ from hetrl.runtime.layout import grads_per_phase, group_size, learns_rollouts, p
 
 FORMAT = "hetrl-profile/14"   # 14: each entry's foreign load and provisional mark; learner figures measured in runs
 SECTIONS = ("env", "act", "infer", "learn", "learn_grouped", "param_sync", "ds_insert", "ds_gather", "prefetch",
-            "rm_insert", "rm_sample", "rm_uniform", "rm_update", "transfer")   # the measured sections
+            "rm_insert", "rm_sample", "rm_uniform", "rm_update", "transfer", "loop")   # the measured sections
 # A t-thread learner figure measured under load is priced as the 1-thread figure x this time ratio where no
 # quiet measurement of this machine gives one: two threads ~1.3x faster, as quiet 2-core x86 VMs measured
 # (docs/planner.md); the run that follows the plan measures the truth and writes it back
@@ -87,10 +87,13 @@ def grid_for(cfg, quick: bool = False, cores: int | None = None) -> dict:
     per_group = group_size(g, True, cfg.priority_lag)
     if prefetch_fits(per_group, True, cfg.priority_lag):
         prefetch.append(prefetch_key(True, per_group))
+    # the inline loop timed whole per thread count (profile/loop.py): off-policy, and not in a quick profile (tests)
+    loop = threads if not quick else []
     if learns_rollouts(cfg):   # on-policy: no prefetch (a rollout is learned in the learner core's phase)
-        prefetch = []
+        prefetch, loop = [], []
     return {"widths": widths, "threads": threads, "batches": batches, "samples": samples,
-            "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups, "prefetch": prefetch}
+            "inserts": inserts, "k_groups": k_groups[:1] if quick else k_groups, "prefetch": prefetch,
+            "loop": loop}
 
 
 def prefetch_key(prioritized: bool, group: int) -> str:
@@ -101,8 +104,8 @@ def prefetch_key(prioritized: bool, group: int) -> str:
 def _covers(have: dict, need: dict) -> bool:
     for k, v in need.items():
         h = have.get(k)
-        if isinstance(v, list):
-            if not isinstance(h, list) or not set(v) <= set(h):
+        if isinstance(v, list):   # (an empty list asks for nothing)
+            if v and (not isinstance(h, list) or not set(v) <= set(h)):
                 return False
         elif h != v:
             return False
@@ -342,6 +345,15 @@ class ProfileTable:
                 pts[k] = min(pts[k], Timing.from_json(one[str(k)]).s * ratio)
         return pts
 
+    def loop(self, device: str, threads: int) -> dict | None:
+        """The inline loop's figures at `threads` CPU threads (profile/loop.py: seconds per env step beyond the
+        learner's updates, ``s``, of which acting ``act_s``), else at the nearest thread count measured quiet; None
+        where none was (a GPU learner, an on-policy workload, a quick profile, or every entry measured under load:
+        a loop timed beside another program's work says more about it than about the loop)."""
+        by_t = (self.data.get("loop") or {}).get(device) or {}
+        quiet = {int(t): e for t, e in by_t.items() if isinstance(e, dict) and not e.get("provisional")}
+        return quiet[min(quiet, key=lambda t: (abs(t - threads), t))] if quiet else None
+
     def prefetch(self, device: str, prioritized: bool, group: int) -> dict:
         """The timing of the local schedule's learner loop with and without its prefetch thread, for a
         learner on `device` drawing groups of `group` batches ({} where not measured: GPU learners)."""
@@ -488,6 +500,9 @@ class ProfileTable:
                     add("learner update, grouped", dev, f"B={B} threads={th} K={k}", t)
         for dev, t in self.data.get("param_sync", {}).items():
             add("param publish+load", dev, "", t)
+        for dev, by_t in self.data.get("loop", {}).items():
+            for th, t in by_t.items():
+                add("inline loop beyond updates, per env step", dev, f"W={t.get('envs')} threads={th}", t)
         for key, link in self.data.get("transfer", {}).items():
             mark = " (provisional)" if link.get("provisional") else ""
             for kind, lk in [("", link)] + ([(" pinned", link["pinned"])] if "pinned" in link else []):
@@ -502,7 +517,7 @@ _ENTRY_NAMES = {"env": "env step", "act": "actor step", "infer": "inference", "l
                 "ds_insert": "DS insert",
                 "ds_gather": "DS gather", "prefetch": "learner loop, prefetch vs in line", "rm_insert": "RM insert",
                 "rm_sample": "RM sample (prio)", "rm_uniform": "RM sample (uniform)",
-                "rm_update": "RM priority update", "transfer": "transfer"}
+                "rm_update": "RM priority update", "transfer": "transfer", "loop": "inline loop beyond updates"}
 
 
 def entry_name(path: tuple[str, ...]) -> str:
@@ -514,6 +529,8 @@ def entry_name(path: tuple[str, ...]) -> str:
     if sec in ("learn", "learn_grouped"):
         size = f"B={rest[2]}" if sec == "learn" else f"K={rest[2]}"
         return f"{name} {rest[0]}, {rest[1]} thread(s), {size}"
+    if sec == "loop":
+        return f"{name} {rest[0]}, {rest[1]} thread(s)"
     if sec in ("prefetch", "transfer") or len(rest) == 1:
         return f"{name} {rest[0]}"
     return f"{name} {rest[0]}, n={rest[1]}"
