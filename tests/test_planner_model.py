@@ -326,6 +326,11 @@ def test_the_loop_the_profile_timed_whole_is_priced_beyond_its_parts():
     assert predict(Plan("inline", 1, 4, threads=2), t, WORK, cores=4).times["loop_excess_per_step"] == \
         pytest.approx(400e-6)   # the nearest thread count measured quiet
     assert predict(inline, t, dataclasses.replace(WORK, rollout=True), cores=4).times["loop_excess_per_step"] == 0
+    # the loop's own updates price an inline plan at exactly its thread count and steps per call, nothing else
+    t.data["loop"]["cpu"]["1"].update(learn_s=5e-3, group=WORK.grads_per_phase, threads=1)
+    assert predict(inline, t, WORK, cores=4).times["learn"] == pytest.approx(5e-3)
+    assert predict(local, t, WORK, cores=4).times["learn"] == pytest.approx(before["local"].times["learn"])
+    assert predict(Plan("inline", 1, 4, threads=2), t, WORK, cores=4).times["learn"] != pytest.approx(5e-3)
     t.data["loop"]["cpu"]["1"]["provisional"] = "measured under load"
     assert predict(inline, t, WORK, cores=4).times["loop_excess_per_step"] == 0.0
     gpu = synthetic_table(gpus=("gpu",), learn_s={"cpu": 1e-3, "cuda:0": 1e-4})

@@ -19,7 +19,8 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     s  = [rm_sample(RM, kB) + x(RM->DS, 8kB) + ds_gather(DS, kB) + x(DS->L, kB b) + x(RM->L, 4kB)] / k
     l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1); what a run
                             of this workload measured at t threads under this schedule where one did
-                            (measured in a run, follow.py), a t > 1 figure measured under load priced as
+                            (measured in a run, follow.py), else for inline the profile's loop at t threads
+                            (profile/loop.py: updates as a run makes them), a t > 1 figure measured under load priced as
                             the 1-thread one x the quiet machine's thread scaling
     u  = p [x(L->RM, 4B) + rm_update(RM, B)]
     y  = param_sync(L) / (gradient steps per publish)
@@ -307,6 +308,22 @@ def loop_excess(plan: Plan, table: ProfileTable, work: Workload) -> float:
     return max(0.0, float(got["s"]) - float(got.get("act_s", 0.0)) - side)
 
 
+def _learn(plan: Plan, T: ProfileTable, kg: int, spin: float) -> float:
+    """l, seconds per gradient step: what a run of this workload measured under this schedule at these threads
+    (in_run), else, for an inline plan, the profile's inline loop at exactly these threads and steps per call (its
+    updates come after a stretch of one-thread acting, which the kernel's lanes wake from, where the learner
+    entries time them back to back), else the learner entries."""
+    L, B = plan.learner_device, plan.batch_size
+    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)
+    if ran is not None:
+        return float(ran["s"])
+    loop = T.loop(L, plan.threads) if plan.schedule == "inline" else None
+    if loop is not None and loop.get("threads") == plan.threads and loop.get("learn_s") \
+            and 0.5 <= float(loop.get("group", 1)) / kg <= 2:
+        return float(loop["learn_s"])
+    return T.learn_step(L, B, plan.threads, kg) * spin
+
+
 def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | None, spin: float) -> Prediction:
     C = float(cores or table.cores)
     T, w, N, B = table, plan.envs_per_actor, plan.actors, plan.batch_size
@@ -317,8 +334,7 @@ def _predict(plan: Plan, table: ProfileTable, work: Workload, cores: float | Non
     q = _parts(plan, T, work)
     a, i, s, u, y, n, kg = q.a, q.i, q.s, q.u, q.y, q.n, q.kg
     i_ds, keys, gather, x_batch = q.i_ds, q.keys, q.gather, q.x_batch
-    ran = T.in_run(L, B, plan.threads, kg, plan.schedule)   # measured in a run of this workload, else profiled
-    l = float(ran["s"]) if ran is not None else T.learn_step(L, B, plan.threads, kg) * spin
+    l = _learn(plan, T, kg, spin)
     t_learn = plan.threads if L == "cpu" else 1
     prefetch = prefetches(plan, T, work, C)
     g = (max(s, l) if prefetch else s + l) + u + y

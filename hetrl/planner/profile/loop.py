@@ -31,8 +31,9 @@ def loop_config(cfg, threads: int):
 
 def measure_loop(ctx: Context, env) -> dict:
     """Section ``loop``: per thread count t of the grid, the inline loop's wall time per env step beyond its learner
-    calls (``s``), and of it the actor's collect (``act_s``), with the gradient steps per env step and the envs and
-    steps per phase it ran at. An off-policy CPU learner only (an on-policy phase is a rollout, priced by its own
+    calls (``s``), and of it the actor's collect (``act_s``); its learner calls' time per gradient step (``learn_s``,
+    the updates as an inline run makes them: after a stretch of one-thread work, not back to back) and steps per
+    call (``group``); the gradient steps per env step and the envs and steps per phase it ran at. An off-policy CPU learner only (an on-policy phase is a rollout, priced by its own
     sections). `env`: the run's env, as given."""
     from hetrl.runtime.inline import InlineSchedule
 
@@ -69,12 +70,13 @@ def _time_loop(sched, threads: int, cap_s: float, mkw: dict) -> dict:
     try:
         while c.phases < WARM_PHASES:
             sched._step()
-        e0, g0, a0 = c.env_steps, c.gradient_steps, c.acting_s
+        e0, g0, a0, l0, n0 = c.env_steps, c.gradient_steps, c.acting_s, c.learner_s, c.phases
         t = measure(phase, cap_s=cap_s, clock=clock, **mkw)
     finally:
         torch.set_num_threads(1)
-    steps = max(1, c.env_steps - e0)
+    steps, grads = max(1, c.env_steps - e0), max(1, c.gradient_steps - g0)
     per_phase = steps / max(1, calls[0])
     return {**t.to_json(), "s": t.s / per_phase, "act_s": (c.acting_s - a0) / steps,
-            "grads_per_step": (c.gradient_steps - g0) / steps, "steps_per_phase": per_phase,
-            "envs": sched.actor.num_envs, "threads": threads}
+            "learn_s": (c.learner_s - l0) / grads, "group": grads / max(1, c.phases - n0),
+            "grads_per_step": grads / steps, "steps_per_phase": per_phase, "envs": sched.actor.num_envs,
+            "threads": threads}
