@@ -70,6 +70,17 @@ class ActorSpec:
         return Actor(self.env, self.envs, self.env_seed, self.policy, self.n_step, self.gamma, self.backend,
                      env_offset=self.env_offset)
 
+    def start(self, one_thread: bool) -> "Actor":
+        """The actor of a process apart from the learner (a local actor process, a Ray actor): torch on one thread
+        where asked, denormals flushed (as in the learner), torch seeded, then built."""
+        import torch
+
+        if one_thread:
+            torch.set_num_threads(1)
+        torch.set_flush_denormal(True)
+        torch.manual_seed(self.env_seed)
+        return self.build()
+
 
 class ExploreTable:
     """explore(actor env steps) -> the learner's exploration value for that vector step of a chunk

@@ -19,6 +19,7 @@ import abc
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import sys
 import time
@@ -69,15 +70,6 @@ def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) ->
         raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")
 
 
-def setup_process(seed: int, threads: int) -> None:
-    """Seed, torch threads, and flushed denormals: Adam's moments of parameters whose gradients
-    went to zero (dead ReLUs) decay into denormal floats, which the CPU handles in microcode (arithmetic on
-    them is several times slower)."""
-    torch.manual_seed(seed)
-    torch.set_num_threads(max(1, threads))
-    torch.set_flush_denormal(True)
-
-
 def peak_memory(device: torch.device) -> dict:
     """Peak memory so far: the learner process's RSS, the largest RSS of its finished child processes
     (local actors that were joined), and the GPU's max_memory_allocated when the learner is on one."""
@@ -103,13 +95,12 @@ def give_back_freed_memory() -> bool:
         return False
 
 
-def choose_kernel(cfg: Config, obs_space, act_space, device, lay: Layout | None = None, algo=None) -> kernels.Choice:
-    """The learner's kernel (hetrl/kernels/: the machine's cached choice, else measured now) for learner calls of
-    the size the run makes: `lay`'s group, None for one process (inline, a population's members); an on-policy
-    phase's minibatches per call (learn_rollout)."""
-    def twin():
-        return make_algorithm(cfg, obs_space, act_space, device)
-
+def choose_kernel(cfg: Config, obs_space, act_space, device, lay: Layout | None = None, algo=None,
+                  saved: dict | None = None) -> kernels.Choice:
+    """The learner's kernel (hetrl/kernels/: a checkpoint's `saved` choice where it runs here, the machine's cached
+    choice, else measured now) for learner calls of the size the run makes: `lay`'s group, None for one process
+    (inline, a population's members); an on-policy phase's minibatches per call (learn_rollout)."""
+    twin = functools.partial(make_algorithm, cfg, obs_space, act_space, device)
     algo = algo if algo is not None else twin()
     if getattr(algo, "storage", "replay") == "rollout":
         minibatches = max(1, min(cfg.n_epochs * (cfg.train_freq // cfg.batch_size), GROUP_MAX))
@@ -117,7 +108,7 @@ def choose_kernel(cfg: Config, obs_space, act_space, device, lay: Layout | None 
     else:
         group = lay.group if lay is not None else group_size(grads_per_phase(cfg), cfg.prioritized, cfg.priority_lag)
     return kernels.choose(cfg, twin, obs_space, act_space, learn_spec(cfg, obs_space, act_space), device, group,
-                          algo=algo)
+                          algo=algo, saved=saved)
 
 
 @dataclass
@@ -157,10 +148,14 @@ class LearnerCore:
     inline); `servers`: replay servers that sample under their own rate limiter (ray)."""
 
     def __init__(self, cfg: Config, env: EnvSpec, threads: int, lay: Layout | None = None, servers: int = 0):
-        self.cfg = cfg
+        self.cfg, self.lay = cfg, lay
         self.env = prepare_env(env, cfg, train=True)   # the wrappers of the settings (Atari, frame_stack)
         self._threads_before = torch.get_num_threads()   # given back by close()
-        setup_process(cfg.seed, threads)
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(max(1, threads))
+        # Adam's moments of parameters whose gradients went to zero (dead ReLUs) decay into denormal floats, which
+        # the CPU handles in microcode (arithmetic on them is several times slower)
+        torch.set_flush_denormal(True)
         # a learner of several threads drops to the cores other work leaves it, during the run, where its kernel's
         # results do not depend on the thread count (_use_kernel)
         self.governor = ThreadGovernor(max(1, threads), exact=False)
@@ -215,10 +210,6 @@ class LearnerCore:
         self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
         self._contract_checked = False                     # learn()'s contract, checked on the first call
-
-    def twin(self):
-        """A new algorithm object of this run's settings and spaces (kernels are checked on twins)."""
-        return make_algorithm(self.cfg, self.obs_space, self.act_space, self.device)
 
     def _use_kernel(self, choice: kernels.Choice) -> None:
         """Run the learner's updates with the kernel of `choice` (hetrl/kernels/); it takes the learner's threads
@@ -537,10 +528,7 @@ class LearnerCore:
         return out
 
     def state_dict(self) -> dict:
-        counters = asdict(self.c)
-        # every learned batch is one gradient step; a drawn group not yet learned is left out
-        counters["samples"] = self.c.gradient_steps * self.cfg.batch_size
-        out = {"algo": self.algo.state_dict(), "counters": counters, "torch_rng": torch.get_rng_state(),
+        out = {"algo": self.algo.state_dict(), "counters": asdict(self.c), "torch_rng": torch.get_rng_state(),
                "kernel": {"name": self.kernel_choice.name, "options": dict(self.kernel_choice.options)}}
         if self.rollout:
             out["shuffle_rng"] = self.shuffle_rng.get_state()
@@ -554,11 +542,11 @@ class LearnerCore:
         self.reserved = 0
         saved = state.get("kernel")   # a resumed run keeps the kernel it was started with (where it applies here)
         if saved and self.cfg.system.learner_kernel == "auto" and saved.get("name") != self.kernel_choice.name:
-            self._use_kernel(kernels.choose(self.cfg, self.twin, self.obs_space, self.act_space, self.spec,
-                                            self.device, 1, algo=self.algo, saved=saved))
+            self._use_kernel(choose_kernel(self.cfg, self.obs_space, self.act_space, self.device, self.lay, self.algo,
+                                           saved))
         known = {f.name for f in fields(Counters)}
         self.c = Counters(**{k: v for k, v in state["counters"].items() if k in known})
-        self.c.samples = self.c.gradient_steps * self.cfg.batch_size
+        self.c.samples = self.c.gradient_steps * self.cfg.batch_size   # a group drawn and not learned is drawn again
         torch.set_rng_state(state["torch_rng"])
         if self.rollout:
             if "shuffle_rng" in state:
@@ -723,27 +711,47 @@ class Schedule(abc.ABC):
         self.close()
 
 
-class ActorsSchedule(Schedule):
-    """A schedule whose actors run apart from the learner (local processes, Ray actors), cut by `lay`.
+class Slot:
+    """The learner's view of one actor (a transport adds its handle): its grants in flight (key -> env steps) and,
+    in phases, its chunk of the phase, waiting for the boundary."""
 
-    Reproducible (the default): phases. A phase's grants go out at once (`_grant_phase`), its chunks wait to go in
-    at its boundary in actor order, and phase() returns at the boundary with the actors idle, so that evaluations
-    and callbacks see the run at the same points whatever the timing and the actors' state can be saved. Timed
-    (reproducible=false): phase() runs about PHASE_S. When the run has its env steps the actors stop (their state
-    kept first where the run saves it).
+    ready = True
+
+    def __init__(self, index: int):
+        self.index = index
+        self.outstanding: dict = {}
+        self.chunk: tuple | None = None
+
+
+class ActorsSchedule(Schedule):
+    """A schedule whose actors run apart from the learner (local processes, Ray actors), cut by `lay`, one
+    :class:`Slot` each (`slots`).
+
+    Reproducible (the default): phases. A phase's grants go out at once, its chunks wait to go in at its boundary
+    in actor order, and phase() returns at the boundary with the actors idle, so that evaluations and callbacks see
+    the run at the same points whatever the timing and the actors' state can be saved. Timed (reproducible=false):
+    phase() runs about PHASE_S. When the run has its env steps the actors stop (their state kept first where the
+    run saves it).
 
     A transport provides: `_poll(timeout)` (take what the actors and the replay sent, waiting up to `timeout` for
-    the first), `_grant_phase()` (every actor granted its chunk of a phase; none once the run has its env steps),
-    `_grant()` (timed: grants as far as the replay ratio allows), `_learn_step()` (one learner call; False when the
-    ratio allows none), `_at_boundary()` (every chunk of the phase arrived and the learner learned what it owes),
-    `_insert_phase()` (the phase's chunks in, in actor order), `_all_in()` (every env step is in and the learner
-    learned what the ratio owes, drawn groups too), `_start_actors()` (seeded for the step count: actor_spec),
-    `_stop_actors()` (the run's figures and state stay) and `_ask_states()` (actors_state() of the idle actors)."""
+    the first), `_grant_one(slot)` (the slot's next chunk: True when sent, None when the core grants none now,
+    False when the actor cannot take one), `_insert(slot, *chunk)` (a chunk of the phase in), `_draw(g)` (draw or
+    ask for g batches), `_drawing()` (a group drawn or asked for is not learned yet), `_receive()` (the drawn group
+    as (stack, keys, weights, shard), None while not there), `_learned(shard, keys, |TD|)` (its priorities written),
+    `_start_actors()` (seeded for the step count: actor_spec), `_stop_actors()` (the run's figures and state stay)
+    and `_ask_states()` (actors_state() of the idle actors)."""
 
     lay: Layout
-    _phased = _open = _finished = False   # _open: a phase's grants are out and its boundary not reached
+    slots: list[Slot]
+    replay_here = True                   # the replay lies in this process (False: replay servers check its size)
+    _open = _finished = False            # _open: a phase's grants are out and its boundary not reached
+    _next_actor = 0                      # timed: the actor granted first next time (actors in turn)
     _final: dict | None = None           # the actors' state when the run finished (keep_actors_state)
     startup_s = 0.0
+
+    @property
+    def _phased(self) -> bool:
+        return self.core.ratio.phased
 
     def phase(self) -> list[tuple[float, int]]:
         if self._phased and not self._closed:
@@ -783,6 +791,76 @@ class ActorsSchedule(Schedule):
         self._stop_actors()  # nothing left for them; the run's figures and state stay here
         return True
 
+    def _allowed(self) -> int:
+        """Batches the learner may draw now: the core's replay ratio decides."""
+        return self.core.ratio.allowed(len(self.replay) if self.replay_here else None)
+
+    def _all_in(self) -> bool:
+        """Every env step is in and the learner learned what the ratio owes, drawn groups too."""
+        return self.core.ratio.finished(len(self.replay) if self.replay_here else None) and not self._drawing()
+
+    def _at_boundary(self) -> bool:
+        """Every chunk of the phase arrived and the learner drew and learned what it owes."""
+        return all(s.ready and not s.outstanding for s in self.slots) and not self._drawing() and self._allowed() == 0
+
+    def _grant_phase(self) -> None:
+        """Every actor granted its chunk of the phase (none once the run has its env steps)."""
+        for s in self.slots:
+            self._grant_one(s)
+
+    def _insert_phase(self) -> None:
+        """The phase's chunks in, in actor order."""
+        for s in self.slots:
+            if s.chunk is not None:
+                chunk, s.chunk = s.chunk, None
+                self._insert(s, *chunk)
+
+    def _grant(self) -> None:
+        """Timed: grants as far as the core's replay ratio allows, actors taken in turn, up to two in flight each
+        (its double buffer). One each under lockstep (overlap=false: a collect round only while the learner has
+        nothing to do) and on-policy (its share of the rollout)."""
+        slots = [s for s in self.slots if s.ready]
+        lockstep = not self.cfg.system.overlap
+        if not slots or lockstep and (self.core.reserved or self._drawing() or self._allowed()):
+            return
+        most = 1 if lockstep or self.core.rollout else 2
+        start = self._next_actor % len(slots)
+        for k in range(len(slots)):
+            s = slots[(start + k) % len(slots)]
+            while len(s.outstanding) < most and self._wants(s.index):
+                sent = self._grant_one(s)
+                if sent is None:
+                    return
+                if not sent:
+                    break
+                self._next_actor = start + k + 1
+
+    def _learn_step(self) -> bool:
+        """One learner call on a group of batches (on-policy: a rollout's phase), its priorities written; False when
+        none is ready. With prefetch the next group is drawn while this one is learned (where the ratio allows)."""
+        if self.core.rollout:
+            return self.core.learn_rollout(self.replay)
+        if not self._drawing() and not self._draw_next():
+            return False
+        got = self._receive()
+        if got is None:
+            return False
+        stack, keys, weights, shard = got
+        if self.cfg.system.prefetch:
+            self._draw_next()
+        td = self.core.learn(stack, weights)
+        self._learned(shard, keys, td)
+        self.core.ratio.written(weights.shape[0])
+        return True
+
+    def _draw_next(self) -> bool:
+        """Draw (ask for) the batches the core's replay ratio allows now, counted as drawn; False when it allows none."""
+        g = self._allowed()
+        if g:
+            self.core.ratio.drawn(g)
+            self._draw(g)
+        return g > 0
+
     def _wants(self, index: int) -> bool:
         """Whether actor `index` may get a grant: on-policy, only while its share of the rollout is not in (so that
         every actor steps its own envs, one share of every rollout each, whatever the timing)."""
@@ -808,7 +886,7 @@ class ActorsSchedule(Schedule):
             return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}
         if self._final is not None or self._finished:
             return self._final or {"unsaved": "the actors were stopped when the run finished"}
-        if self._open or getattr(self, "_arrived", None):
+        if self._open or any(s.chunk is not None for s in self.slots):
             return {"unsaved": "the run stopped inside a phase"}
         return self._ask_states()
 

@@ -33,7 +33,7 @@ from hetrl.actors.envs import EnvSpec, env_name
 from hetrl.config import Config
 from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import BatchGroups
-from hetrl.runtime.core import ActorsSchedule, LearnerCore
+from hetrl.runtime.core import ActorsSchedule, LearnerCore, Slot
 from hetrl.runtime.layout import layout
 from hetrl.runtime.local_actor import ActorArgs, actor_main
 from hetrl.runtime.shm import SharedArrays, SharedParameterStore
@@ -68,15 +68,14 @@ def _context(warm: bool = False, preload: tuple[str, ...] = ()):
     return ctx
 
 
-class _Handle:
-    """The learner's view of one actor process."""
+class _Handle(Slot):
+    """The learner's view of one actor process; its grants in flight are its staging halves (half -> env steps)."""
 
     def __init__(self, index: int):
-        self.index = index
+        super().__init__(index)
         self.proc = None
         self.ctrl = self.data = self.lifeline = None
         self.ready = False
-        self.outstanding: dict[int, int] = {}   # half -> granted env steps
         self.stopping = False
         self.state: dict | None = None          # its answer to ("state",)
 
@@ -147,14 +146,9 @@ class LocalSchedule(ActorsSchedule):
         self._pending = None       # a prefetch in flight (Future)
         self._ready = None         # a drawn group not yet learned
         self._episodes: list[tuple[float, int]] = []
-        self._next_actor = 0
-        # a reproducible run goes in phases (core.ratio.phased): chunks wait in their staging halves for the phase
-        # boundary, where they go in in actor order; phase() returns at a boundary, the actors idle
-        self._phased = core.ratio.phased
-        self._arrived: list[tuple] = []
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
-        self._handles: list[_Handle] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._handles)
+        self.slots: list[_Handle] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self.slots)
         self._start_actors()
 
     # ---- actors ------------------------------------------------------------------------------
@@ -168,25 +162,25 @@ class LocalSchedule(ActorsSchedule):
 
     def _start_actors(self) -> None:
         t0 = time.perf_counter()
-        self._handles[:] = [_Handle(i) for i in range(self.lay.actors)]
-        for h in self._handles:
+        self.slots[:] = [_Handle(i) for i in range(self.lay.actors)]
+        for h in self.slots:
             self._spawn(h)
-        if not self._wait_for(lambda: all(h.ready for h in self._handles)):
+        if not self._wait_for(lambda: all(h.ready for h in self.slots)):
             self.close()
             raise HetrlError(f"actor processes did not start within {START_TIMEOUT_S:.0f} s")
         self.startup_s = time.perf_counter() - t0
 
     def _ask_states(self) -> dict:
         """A message on each actor's control pipe."""
-        for h in self._handles:
+        for h in self.slots:
             h.state = None
             h.ctrl.send(("state",))
-        if not self._wait_for(lambda: all(h.state is not None for h in self._handles)):
+        if not self._wait_for(lambda: all(h.state is not None for h in self.slots)):
             return {"unsaved": "an actor did not send its state"}
-        return self._states([h.state for h in self._handles])
+        return self._states([h.state for h in self.slots])
 
     def _load_actors(self, states: list) -> None:
-        for h, state in zip(self._handles, states):   # before its next grant, on the same pipe
+        for h, state in zip(self.slots, states):   # before its next grant, on the same pipe
             h.ctrl.send(("load", state))
 
     def _spawn(self, h: _Handle) -> None:
@@ -213,31 +207,18 @@ class LocalSchedule(ActorsSchedule):
         h.ready, h.outstanding, h.stopping = False, {}, False
 
     def actor_pids(self) -> list[int]:
-        return [h.proc.pid for h in self._handles if h.proc is not None and h.proc.is_alive()]
+        return [h.proc.pid for h in self.slots if h.proc is not None and h.proc.is_alive()]
 
     # ---- the learner's loop ---------------------------------------------------------------------
-    def _at_boundary(self) -> bool:
-        """Every chunk of the phase is in its staging half and the learner drew and learned what it owes."""
-        handles = self._handles
-        return (all(h.ready and not h.outstanding for h in handles) and self._ready is None
-                and self._pending is None and self._allowed_group() == 0)
-
-    def _insert_phase(self) -> None:
-        for index, half, rows, steps, version, busy in sorted(self._arrived, key=lambda a: a[0]):
-            self._insert(self._handles[index], half, rows, steps, version, busy)
-        self._arrived = []
-
-    def _grant_phase(self) -> None:
-        for h in self._handles:
-            if h.ctrl is None or not self._grant_half(h, 0):
-                break
-
-    def _grant_half(self, h: _Handle, half: int) -> bool | None:
-        """Actor h's next chunk, to collect into staging half `half`: None when the core grants none now,
-        False when h died meanwhile (its sentinel tells _poll)."""
+    def _grant_one(self, h: _Handle) -> bool | None:
+        """Actor h's next chunk, to collect into its free staging half: None when the core grants none now,
+        False when h cannot take one (stopping, or it died meanwhile: its sentinel tells _poll)."""
+        if h.ctrl is None or h.stopping:
+            return False
         grant = self.core.next_grant(self.lay.envs_per_actor)
         if grant is None:
             return None
+        half = 1 if 0 in h.outstanding else 0
         try:
             h.ctrl.send((half, *grant))
         except OSError:
@@ -246,53 +227,21 @@ class LocalSchedule(ActorsSchedule):
         self.core.granted((h.index, half), grant[0])
         return True
 
-    def _all_in(self) -> bool:
-        return self.core.ratio.finished(len(self.replay)) and self._ready is None and self._pending is None
-
-    def _allowed_group(self) -> int:
-        """How many gradient steps (batches) may be drawn now: the core's replay ratio decides."""
-        return self.core.ratio.allowed(len(self.replay))
-
-    def _grant(self) -> None:
-        """Give free staging halves env steps to collect, as far as the core's replay ratio allows.
-        Overlap: up to two grants per actor (its double buffer), actors taken in turn.
-        Lockstep: a collect round (one chunk per actor) only when the learner has nothing to do."""
-        handles = [h for h in self._handles if h.ready and not h.stopping and h.ctrl is not None]
-        if not handles:
-            return
-        lockstep = not self.cfg.system.overlap
-        if lockstep and (self.core.reserved or self._ready is not None or self._allowed_group()):
-            return
-        one = lockstep or self.core.rollout   # one chunk out per actor (on-policy: its share of the rollout)
-        start = self._next_actor % len(handles)
-        for k in range(len(handles)):
-            h = handles[(start + k) % len(handles)]
-            for half in (0, 1):
-                if half in h.outstanding or (one and h.outstanding) or not self._wants(h.index):
-                    continue
-                sent = self._grant_half(h, half)
-                if sent is None:
-                    return
-                if not sent:
-                    break
-                self._next_actor = start + k + 1
-
     # learning -----------------------------------------------------------------------------------------
-    def _draw(self, g: int):
+    def _gather(self, g: int):
         t0 = time.perf_counter()
         item = self._batches.draw(g)
         return item, time.perf_counter() - t0
 
-    def _take(self, g: int) -> None:
-        """Count g batches as drawn (the core's replay ratio) and draw them, in the background if prefetching."""
-        self.core.ratio.drawn(g)
+    def _draw(self, g: int) -> None:
+        """Draw g batches, in the background if prefetching."""
         self._record()
         if self.cfg.prioritized:
             self.replay.set_beta(self.core.beta())
         if self._pool is not None:
-            self._pending = self._pool.submit(self._draw, g)
+            self._pending = self._pool.submit(self._gather, g)
         else:
-            self._ready, dt = self._draw(g)
+            self._ready, dt = self._gather(g)
             self.c.replay_s += dt
 
     def _join_prefetch(self) -> None:
@@ -301,40 +250,28 @@ class LocalSchedule(ActorsSchedule):
             self._pending = None
             self.c.replay_s += dt
 
-    def _learn_step(self) -> bool:
-        """One algo.learn call on a group of batches (on-policy: a rollout's phase); False when the rule allows none."""
-        if self.core.rollout:
-            return self.core.learn_rollout(self.replay)
+    def _drawing(self) -> bool:
+        return self._ready is not None or self._pending is not None
+
+    def _receive(self) -> tuple:
         self._join_prefetch()
-        if self._ready is None:
-            g = self._allowed_group()
-            if g == 0:
-                return False
-            self._take(g)
-            self._join_prefetch()
-        item, self._ready = self._ready, None
-        if self._pool is not None:  # draw the next group while this one is learned
-            g2 = self._allowed_group()
-            if g2:
-                self._take(g2)
-        stack, keys, weights = item
-        td = self.core.learn(stack, weights)
+        (stack, keys, weights), self._ready = self._ready, None
+        return stack, keys, weights, None
+
+    def _learned(self, shard, keys, td) -> None:
         self._join_prefetch()  # the replay changes only after the prefetch is done with it
         if self.cfg.prioritized:
-            t2 = time.perf_counter()
+            t0 = time.perf_counter()
             self.replay.update_priorities(keys, td.reshape(-1))
-            self.c.replay_s += time.perf_counter() - t2
-        self.core.ratio.written(weights.shape[0])
-        return True
+            self.c.replay_s += time.perf_counter() - t0
 
     # messages -----------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
         """Handle every message and exit that is ready; wait up to `timeout` for the first."""
-        handles = [h for h in self._handles if h.proc is not None]
         waitables = {}
-        for h in handles:
-            waitables[h.data] = h
-            waitables[h.proc.sentinel] = h
+        for h in self.slots:
+            if h.proc is not None:
+                waitables.update({h.data: h, h.proc.sentinel: h})
         if not waitables:
             return
         t0 = time.perf_counter()
@@ -361,8 +298,8 @@ class LocalSchedule(ActorsSchedule):
         kind = msg[0]
         if kind == "chunk":
             _, half, rows, steps, version, episodes, busy = msg
-            if self._phased:   # in at the phase boundary, in actor order
-                self._arrived.append((h.index, half, rows, steps, version, busy))
+            if self._phased:   # in from its staging half at the phase boundary, in actor order
+                h.chunk = (half, rows, steps, version, busy)
                 h.outstanding.pop(half, None)
             else:
                 self._insert(h, half, rows, steps, version, busy)
@@ -414,7 +351,7 @@ class LocalSchedule(ActorsSchedule):
             self.trace.append((self.c.env_steps, self.c.samples))
 
     def _stop_actors(self) -> None:
-        _shutdown(self._handles)
+        _shutdown(self.slots)
 
     # ---- figures ----------------------------------------------------------------------------------
     def transport_figures(self) -> dict:
@@ -425,7 +362,7 @@ class LocalSchedule(ActorsSchedule):
         if self._closed:
             return
         self._closed = True
-        _shutdown(self._handles)
+        _shutdown(self.slots)
         self.core.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)

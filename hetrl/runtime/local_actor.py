@@ -101,15 +101,9 @@ def actor_main(args: ActorArgs, ctrl, data, lifeline) -> None:
 
 
 def _run(args: ActorArgs, ctrl, data) -> None:
-    import torch
-
-    if args.one_thread:
-        torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    torch.manual_seed(args.spec.env_seed)
     # the policy comes from the learner's algorithm object (its make_policy), so acting is the
     # algorithm's own code, and no optimizer is built here
-    actor = args.spec.build()
+    actor = args.spec.start(args.one_thread)
     halves = [{k[2:]: v for k, v in args.staging.arrays.items() if k.startswith(f"{h}:")} for h in (0, 1)]
     data.send(("hello", os.getpid()))
     try:

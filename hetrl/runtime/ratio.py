@@ -28,10 +28,8 @@ UNBOUNDED = 1 << 62
 
 
 class ReplayRatio:
-    """The ratio of one run, over the counters of its learner core.
-
-    Build it with :meth:`alternating` (the inline schedule: act, then learn what is owed) or
-    :meth:`overlapped` (actors and learner at the same time, cut by a layout)."""
+    """The ratio of one run, over the counters of its learner core: :meth:`alternating`, :meth:`overlapped` or
+    :meth:`phased`."""
 
     def __init__(self, core, *, spi: float, min_size: int, group: int | None = None, chunk: int = 0,
                  error_buffer: float | None = None, rate_limit: bool = True, overlap: bool = False,
@@ -221,9 +219,6 @@ class RolloutRatio(ReplayRatio):
     def allowed(self, replay_size: int | None = None) -> int:
         """The gradient steps of a phase while a whole rollout waits to be learned, else 0."""
         return grads_per_phase(self.core.cfg) if self.ready() else 0
-
-    def owed(self) -> int:
-        return self.allowed()
 
     def phase_done(self) -> None:
         """The current rollout was learned (or dropped): the next begins at the current env step count."""

@@ -21,19 +21,15 @@ import os
 from typing import Any
 
 import ray
-import torch
 
 
 class RayActor:
     def __init__(self, spec: Any, server: Any, one_thread: bool = True, index: int = 0):
         """spec: the learner's ActorSpec (env, seeds, the algorithm's acting policy, n-step, backend)."""
-        if one_thread:
-            torch.set_num_threads(1)
-        torch.set_flush_denormal(True)
         self.server, self.index = server, index
         # a copy: Ray hands numpy arrays over read-only (zero-copy), and an acting policy may keep state of its
         # own in them (DDPG's Ornstein-Uhlenbeck noise, reset in place at episode ends)
-        self.actor = copy.deepcopy(spec).build()
+        self.actor = copy.deepcopy(spec).start(one_thread)
 
     def where(self) -> dict:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}

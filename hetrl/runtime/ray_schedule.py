@@ -34,7 +34,7 @@ from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 from hetrl.errors import HetrlError, NonFiniteError, UsageError
 from hetrl.replay.server import ShardedReplay
-from hetrl.runtime.core import ActorsSchedule, LearnerCore
+from hetrl.runtime.core import ActorsSchedule, LearnerCore, Slot
 from hetrl.runtime.layout import layout
 from hetrl.runtime.params import RayParameterStore
 
@@ -44,7 +44,6 @@ except ImportError:   # Ray is optional (hetrl[ray]): import_ray() says how to i
     ray = None
 
 SAMPLE_WAIT_S = 0.05      # how long the server may hold a sample request (then the learner looks again)
-IN_FLIGHT = 2             # collect calls queued per actor: one acting, one waiting (a double buffer)
 START_S = 300.0           # for the actors to start (or send their state)
 
 
@@ -120,24 +119,23 @@ def cluster_env_backend(measured: str) -> tuple[str, str | None]:
                          "Gymnasium envs on every node")
 
 
-class _Slot:
-    """The learner's view of one Ray actor."""
+class _Slot(Slot):
+    """The learner's view of one Ray actor; its grants in flight are its collect calls (ObjectRef -> env steps), its
+    chunk of a phase is staged at its server."""
 
     def __init__(self, index: int):
-        self.index = index
+        super().__init__(index)
         self.handle = None
-        self.calls: dict = {}          # ObjectRef -> env steps granted
         self.where: dict = {}
-        self.chunk: tuple | None = None    # phases: (ref, env steps, version, episodes, busy s) of its staged chunk
 
 
 class RaySchedule(ActorsSchedule):
     name = "ray"
+    replay_here = False
 
     def __init__(self, cfg: Config, env: EnvSpec):
         import_ray()
         self.cfg, self.env = cfg, env
-        self._closed = False
         self.slots: list[_Slot] = []
         self.servers: list = []
         connect(cfg)
@@ -156,11 +154,15 @@ class RaySchedule(ActorsSchedule):
             raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
                              "actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
-        self._phased = self.core.ratio.phased
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
         self._pending = None            # (shard, ObjectRef, batches) of a sample request in flight
-        self._check_resources()
+        cpus, need = ray.cluster_resources().get("CPU", 0), lay.actors * cfg.system.ray_actor_cpus
+        if need > cpus + 1e-9:
+            self.close()
+            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.system.ray_actor_cpus:g} need {need:g} CPUs but the "
+                             f"Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
+                             f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
         t0 = time.perf_counter()
         if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
             self.replay = self.core.make_replay()
@@ -176,17 +178,7 @@ class RaySchedule(ActorsSchedule):
         self._start_actors()
         self.startup_s = time.perf_counter() - t0
 
-    # ---- cluster ------------------------------------------------------------------------------------
-    def _check_resources(self) -> None:
-        cfg, lay = self.cfg, self.lay
-        cpus = ray.cluster_resources().get("CPU", 0)
-        need = lay.actors * cfg.system.ray_actor_cpus
-        if need > cpus + 1e-9:
-            self.close()
-            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.system.ray_actor_cpus:g} need {need:g} CPUs but the "
-                             f"Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
-                             f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
-
+    # ---- actors -------------------------------------------------------------------------------------
     def _spawn(self, s: _Slot) -> None:
         from hetrl.runtime.ray_actor import RayActor
 
@@ -194,7 +186,7 @@ class RaySchedule(ActorsSchedule):
         remote = ray.remote(num_cpus=self.cfg.system.ray_actor_cpus, max_restarts=0)(RayActor)
         server = self.servers[s.index % len(self.servers)] if self.servers else None
         s.handle = remote.remote(spec, server, self.cfg.system.actor_one_thread, s.index)
-        s.calls = {}
+        s.outstanding = {}
 
     def _start_actors(self) -> None:
         for s in self.slots:
@@ -207,67 +199,42 @@ class RaySchedule(ActorsSchedule):
         for s, w in zip(self.slots, wheres):
             s.where = w
 
-    def nodes(self) -> list[str]:
-        return sorted({s.where.get("node", "?") for s in self.slots})
-
     # ---- the learner's loop ---------------------------------------------------------------------
-    def _grant_phase(self) -> None:
-        for s in self.slots:
-            self._grant_one(s)
-
-    def _grant_one(self, s: _Slot) -> bool:
-        """Actor s's next chunk (phases: staged at its server); False when the core grants none now."""
+    def _grant_one(self, s: _Slot) -> bool | None:
+        """Actor s's next chunk (phases: staged at its server); None when the core grants none now."""
         grant = self.core.next_grant(self.lay.envs_per_actor)
         if grant is None:
-            return False
+            return None
         ref = s.handle.collect.remote(grant[0], grant[1], self.params, self._phased)
-        s.calls[ref] = grant[0]
+        s.outstanding[ref] = grant[0]
         self.core.granted(ref, grant[0])
         return True
-
-    def _at_boundary(self) -> bool:
-        return not any(s.calls for s in self.slots) and self._pending is None and self.core.ratio.allowed() == 0
 
     def _insert_phase(self) -> None:
         """The servers insert the phase's chunks in actor order, once the priorities sent before are written; the
         env steps are counted in the same order."""
         self.replay.commit()
-        for s in self.slots:
-            if s.chunk is not None:
-                ref, steps, version, episodes, busy = s.chunk
-                self.core.returned(ref)
-                self.core.inserted(steps, version, busy)
-                self._episodes.extend(episodes)
-                s.chunk = None
+        super()._insert_phase()
+
+    def _insert(self, s: _Slot, ref, steps: int, version: int, episodes: list, busy: float) -> None:
+        self.core.returned(ref)
+        self.core.inserted(steps, version, busy)
+        self._episodes.extend(episodes)
 
     def _poll(self, timeout: float) -> None:
         """Wait up to `timeout` for a collect call or the sample request to end, then take the collect calls
         that ended."""
-        refs = [r for s in self.slots for r in s.calls] + ([self._pending[1]] if self._pending is not None else [])
+        refs = [r for s in self.slots for r in s.outstanding] + ([self._pending[1]] if self._pending is not None else [])
         if timeout and refs:
             t0 = time.perf_counter()
             ray.wait(refs, num_returns=1, timeout=timeout)
             self.c.learner_wait_s += time.perf_counter() - t0
-        self._harvest()
-
-    def _all_in(self) -> bool:
-        return self._pending is None and self.core.ratio.finished()
-
-    def _grant(self) -> None:
-        # an on-policy rollout's grants are the actors' shares: one each, so that every actor steps its own envs
-        in_flight = 1 if self.core.rollout else IN_FLIGHT
         for s in self.slots:
-            while len(s.calls) < in_flight and self._wants(s.index):
-                if not self._grant_one(s):
-                    return
-
-    def _harvest(self) -> None:
-        for s in self.slots:
-            if not s.calls:
+            if not s.outstanding:
                 continue
-            ready, _ = ray.wait(list(s.calls), num_returns=len(s.calls), timeout=0)
+            ready, _ = ray.wait(list(s.outstanding), num_returns=len(s.outstanding), timeout=0)
             for ref in ready:
-                s.calls.pop(ref)
+                s.outstanding.pop(ref)
                 try:
                     steps, rows, version, episodes, busy, counters = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
@@ -279,15 +246,15 @@ class RaySchedule(ActorsSchedule):
                     raise self._error(e, f"(actor {s.index})") from None
                 if self._phased:   # staged at its server: counted at the boundary, in actor order
                     s.chunk = (ref, steps, version, episodes, busy)
-                    continue
-                self.core.returned(ref)
-                if self.core.rollout:   # `counters` is the chunk itself (no replay server)
+                elif self.core.rollout:   # `counters` is the chunk itself (no replay server)
                     self.core.insert(self.replay, counters, s.index)
-                    self.core.inserted(steps, version)
-                elif counters is not None:
-                    self._count_inserts(s.index % len(self.servers), counters["inserts"], version)
-                self.c.acting_s += busy
-                self._episodes.extend(episodes)
+                    self._insert(s, ref, steps, version, episodes, busy)
+                else:
+                    self.core.returned(ref)
+                    if counters is not None:
+                        self._count_inserts(s.index % len(self.servers), counters["inserts"], version)
+                    self.c.acting_s += busy
+                    self._episodes.extend(episodes)
 
     def _count_inserts(self, shard: int, inserts: int, version: int | None = None) -> None:
         """Env steps come from the servers' acknowledgements (a chunk lost with its actor is not counted)."""
@@ -297,51 +264,39 @@ class RaySchedule(ActorsSchedule):
     def _on_actor_death(self, s: _Slot, err) -> None:
         """A new actor takes the dead one's place (Ray places it wherever there are CPUs, e.g. when
         its node was lost); its calls in flight are lost: their env steps are granted again."""
-        lost, s.calls = list(s.calls), {}
+        lost, s.outstanding = list(s.outstanding), {}
         self.core.actor_died(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close, lost)
         self._spawn(s)
         if self._phased and self._open:   # its chunk of this phase, from the new actor
             self._grant_one(s)
 
     # learning -----------------------------------------------------------------------------------------
-    def _request(self) -> None:
-        """Ask the next shard for the group of batches the core's replay ratio allows (the server waits
-        until its rate limiter allows, and until the priorities sent to it before are written)."""
-        if self._pending is not None:
-            return
-        g = self.core.ratio.allowed()
-        if g <= 0:
-            return
+    def _draw(self, g: int) -> None:
+        """Ask the next shard for g batches (the server waits until its rate limiter allows, and until the
+        priorities sent to it before are written)."""
         self._pending = (*self.replay.request(g, self.cfg.batch_size, self.core.beta(), SAMPLE_WAIT_S), g)
-        self.core.ratio.drawn(g)
 
-    def _learn_step(self) -> bool:
-        if self.core.rollout:
-            return self.core.learn_rollout(self.replay)
-        self._request()
-        if self._pending is None:
-            return False
+    def _drawing(self) -> bool:
+        return self._pending is not None
+
+    def _receive(self) -> tuple | None:
         shard, ref, g = self._pending
-        ready, _ = ray.wait([ref], timeout=0)
-        if not ready:
-            return False
+        if not ray.wait([ref], timeout=0)[0]:
+            return None
         t0 = time.perf_counter()
-        got = ray.get(ref)
-        self._pending = None
+        got, self._pending = ray.get(ref), None
         if got is None:  # the rate limiter held it: ask the same shard again later
             self.core.ratio.undrawn(g)
             self.replay.next = shard
-            return False
+            return None
         stack, keys, weights, counters = got
         self._count_inserts(shard, counters["inserts"])
-        if self.cfg.system.prefetch:  # the next group is drawn while this one is learned (where the priority lag allows)
-            self._request()
         self.c.replay_s += time.perf_counter() - t0
-        td = self.core.learn({k: _tensor(v) for k, v in stack.items()}, _tensor(weights))
+        return {k: _tensor(v) for k, v in stack.items()}, keys, _tensor(weights), shard
+
+    def _learned(self, shard, keys, td) -> None:
         if self.cfg.prioritized:
             self.replay.update_priorities(shard, keys, td.detach().cpu().numpy().reshape(-1))
-        self.core.ratio.written(g)
-        return True
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def _error(self, e: Exception, where: str) -> Exception:
@@ -362,7 +317,7 @@ class RaySchedule(ActorsSchedule):
                     ray.kill(s.handle, no_restart=True)
                 except Exception:
                     pass
-                s.handle, s.calls = None, {}
+                s.handle, s.outstanding = None, {}
 
     def close(self) -> None:
         if self._closed:
@@ -377,7 +332,8 @@ class RaySchedule(ActorsSchedule):
 
     # ---- figures and state ----------------------------------------------------------------------
     def transport_figures(self) -> dict:
-        return {**super().transport_figures(), "replay_shards": len(self.servers), "ray_nodes": len(self.nodes())}
+        nodes = {s.where.get("node") for s in self.slots}
+        return {**super().transport_figures(), "replay_shards": len(self.servers), "ray_nodes": len(nodes)}
 
     def _ask_states(self) -> dict:
         try:

@@ -22,6 +22,7 @@ import mmap
 import os
 import tempfile
 import time
+from multiprocessing.reduction import DupFd
 from typing import Mapping
 
 import numpy as np
@@ -52,25 +53,18 @@ def _layout(fields: Mapping[str, tuple[tuple[int, ...], object]]) -> tuple[dict,
 
 
 def _unpickle_shared(dupfd, layout: dict, nbytes: int) -> "SharedArrays":
-    return SharedArrays._attach(dupfd.detach(), layout, nbytes)
+    block = SharedArrays.__new__(SharedArrays)
+    block._setup(dupfd.detach(), layout, nbytes)
+    return block
 
 
 class SharedArrays:
-    """Named NumPy arrays in one nameless shared block: ``block["obs"]`` is an ndarray view.
-
-    ``SharedArrays({"obs": ((100, 4), "float32"), ...})`` allocates (zeroed); passing the object
-    to a child ``Process`` gives the child views of the same memory.
-    """
+    """Named NumPy arrays in one nameless shared block (``block["obs"]``: an ndarray view), allocated zeroed from
+    ``{name: (shape, dtype)}``; sent to a child ``Process``, it gives the child views of the same memory."""
 
     def __init__(self, fields: Mapping[str, tuple[tuple[int, ...], object]]):
         layout, nbytes = _layout(fields)
         self._setup(_anonymous_fd(nbytes), layout, nbytes)
-
-    @classmethod
-    def _attach(cls, fd: int, layout: dict, nbytes: int) -> "SharedArrays":
-        self = cls.__new__(cls)
-        self._setup(fd, layout, nbytes)
-        return self
 
     def _setup(self, fd: int, layout: dict, nbytes: int) -> None:
         self._fd, self._layout, self.nbytes = fd, layout, nbytes
@@ -86,8 +80,6 @@ class SharedArrays:
         return self.arrays[name]
 
     def __reduce__(self):
-        from multiprocessing.reduction import DupFd
-
         if self._fd < 0:
             raise RuntimeError("SharedArrays was closed; it cannot be sent to a new process")
         return _unpickle_shared, (DupFd(self._fd), self._layout, self.nbytes)
@@ -100,12 +92,8 @@ class SharedArrays:
 
 
 class SharedParameterStore:
-    """Versioned weights in shared memory, learner -> actors, without blocking either side
-    (the ParameterStore interface of hetrl/runtime/params.py).
-
-    Built from an example state dict (names, shapes, dtypes); ``publish(state) -> version`` by
-    the one writer, ``latest(have)`` by any number of readers (passed to actor processes).
-    """
+    """The seqlock parameter store (hetrl/runtime/params.py's interface), built from an example state dict (names,
+    shapes, dtypes): ``publish`` by the one writer, ``latest`` by any number of readers (actor processes)."""
 
     def __init__(self, example: Mapping[str, torch.Tensor]):
         fields = {"header": ((2,), "int64")}
@@ -126,10 +114,6 @@ class SharedParameterStore:
     def __setstate__(self, state):
         self.names, self.block = state["names"], state["block"]
         self._setup_views()
-
-    @property
-    def version(self) -> int:
-        return int(self.block["header"][1])
 
     def publish(self, state: Mapping[str, torch.Tensor]) -> int:
         h = self.block["header"]
