@@ -183,7 +183,7 @@ class OffPolicyModel:
         self._user_vec = None
         self._monitor = sb3envs.MonitorFiles(conv.monitors if conv is not None else [])
         self._cfg0 = self._config(steps=1, plan="none", check_out=False)
-        torch.manual_seed(seed)   # the networks as the first Run's core builds them (setup_process seeds first)
+        torch.manual_seed(seed)   # the networks as the first Run's core builds them (the learner core seeds first)
         self._algo_obj = make_algorithm(self._cfg0, self._obs_space, self.action_space, "cpu")
 
     def _config(self, steps: int, plan: str, check_out: bool = True):
