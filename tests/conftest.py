@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,41 @@ LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_sac_td3.py",
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's tests keep their order
+
+
+# One Ray on loopback per test process, started by the first test that asks for it and shared by every file that
+# process runs (each start costs seconds); a test that needs Ray stopped or another cluster (test_ray_start.py,
+# test_ray_cluster.py) shuts it down, and the next test that asks starts it again.
+_RAY = {}
+
+
+def _our_ray(ray) -> bool:
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _RAY.get("gcs")
+
+
+@pytest.fixture
+def local_ray(_ray_at_exit):
+    """Ray, started here with 2 CPUs on loopback unless this process's is running (another left by a test is stopped
+    first). Its workers import the modules of this folder by name (docs/extending.md's example): Ray adds the
+    driver script's folder and the current one to their path by itself, and pytest's are neither."""
+    ray = pytest.importorskip("ray")
+    if not _our_ray(ray):
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning",
+                 job_config=ray.job_config.JobConfig(code_search_path=[str(Path(__file__).parent)]))
+        _RAY["gcs"] = ray.get_runtime_context().gcs_address
+    return ray
+
+
+@pytest.fixture(scope="session")
+def _ray_at_exit():
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and _our_ray(ray):
+        ray.shutdown()
 
 
 @pytest.fixture

@@ -101,15 +101,7 @@ def test_prioritised_replay_gives_the_same_batches_and_priorities_from_the_serve
 
 
 # ---- on a real Ray instance ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    yield ray
-    ray.shutdown()
-
-
+# local_ray: conftest.py's (one Ray per test process, 2 CPUs)
 @pytest.mark.ray
 def test_learner_priorities_reach_the_servers_sampler(local_ray):
     server = ray.remote(max_concurrency=4)(ReplayServer).remote(
