@@ -13,7 +13,11 @@ os.environ.setdefault("HETRL_TEST", "1")
 # processes side by side: otherwise every test process that meets it first (test workers, local actors, Ray workers)
 # compiles it at the same time.
 def pytest_configure(config):
-    if hasattr(config, "workerinput") or os.environ.get("HETRL_TEST_NO_WARM"):   # the controlling process only
+    if hasattr(config, "workerinput"):   # the controlling process only
+        return
+    if hasattr(config.option, "loadscopereorder"):   # xdist: hand out files in LONGEST_FIRST's order (below)
+        config.option.loadscopereorder = False
+    if os.environ.get("HETRL_TEST_NO_WARM"):
         return
     from hetrl.kernels.compiled.warm import warm
 
@@ -21,7 +25,9 @@ def pytest_configure(config):
 
 
 # The longest files first: pytest-xdist hands whole files to its workers in collection order, so a long file
-# collected last would run alone at the end while the other worker idles
+# collected last would run alone at the end while the other worker idles. (xdist's own order, by its default
+# --loadscope-reorder, is by number of tests per file: the few long Ray and learning tests would come last;
+# pytest_configure turns it off.)
 LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_sac_td3.py", "test_onpolicy_runs.py",
                  "test_local.py", "test_onpolicy_sb3.py", "test_atari.py", "test_population.py",
                  "test_kernel_compiled.py", "test_learning.py", "test_local_lifecycle.py", "test_ray_cluster.py",
