@@ -32,8 +32,8 @@ LONGEST_FIRST = ("test_ray.py", "test_algorithm_contract.py", "test_kernel_compi
                  "test_sac_td3.py", "test_atari.py", "test_ray_cluster.py", "test_population.py", "test_learning.py",
                  "test_onpolicy_runs.py", "test_local_lifecycle.py", "test_onpolicy_sb3.py", "test_sb3_api.py",
                  "test_plan_preset.py", "test_crossq.py", "test_atari_envpool.py", "test_cli.py", "test_sb3_surface.py",
-                 "test_ray_start.py", "test_obs_spaces.py", "test_compiler.py", "test_planner_busy.py", "test_params.py",
-                 "test_kernel_layers.py", "test_planner_profile.py", "test_kernels.py")
+                 "test_ray_start.py", "test_obs_spaces.py", "test_compiler.py", "test_planner_busy.py",
+                 "test_params.py", "test_kernel_layers.py", "test_planner_profile.py", "test_kernels.py")
 
 
 def pytest_collection_modifyitems(config, items):
