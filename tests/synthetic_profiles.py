@@ -66,3 +66,18 @@ def synthetic_table(*, algo: str = "dqn", env: str = "Synthetic-v0", cores: int 
         data["transfer"].setdefault(f"cpu->{g}", {"latency_s": 10e-6, "bandwidth_Bps": 10e9})
         data["transfer"].setdefault(f"{g}->cpu", {"latency_s": 10e-6, "bandwidth_Bps": 10e9})
     return ProfileTable(data)
+
+
+def save_for_this_machine(cfg, table: ProfileTable | None = None, **kw):
+    """A synthetic table (synthetic_table(**kw), or `table`) made this machine's profile of `cfg` and saved where
+    the planner looks ($HETRL_CACHE_DIR): a run of `cfg` plans from it as a user's second run plans from the
+    profile its first one made, with no profiling. Returns the file."""
+    from hetrl.planner.profile import cache_path, grid_for, machine_id, machine_info, network_key
+
+    machine = machine_info()
+    t = table if table is not None else synthetic_table(algo=cfg.algo, env=cfg.env, **kw)
+    t.data.update(machine=machine, machine_id=machine_id(machine), grid=grid_for(cfg, False, machine["cores"]))
+    t.data["key"]["network"] = network_key(cfg)
+    path = cache_path(cfg, machine)
+    t.save(path)
+    return path

@@ -133,19 +133,7 @@ def test_checkpoint_resume_under_another_schedule_and_load(name, tmp_path):
     assert env.action_space.contains(np.asarray(policy.act(obs), dtype=env.action_space.dtype))
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    # Ray workers import the docs example's module by name: this folder on their path (Ray adds the driver script's
-    # folder and the current one by itself: pytest's are neither)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning",
-             job_config=ray.job_config.JobConfig(code_search_path=[str(Path(__file__).parent)]))
-    yield ray
-    ray.shutdown()
-
-
+# local_ray: conftest.py's (one Ray per test process; its workers import the docs example's module by name)
 @pytest.mark.ray
 @pytest.mark.parametrize("name", ALGOS)
 def test_trains_under_ray(name, local_ray, tmp_path):

@@ -91,19 +91,12 @@ class Episodes:
 
 
 @pytest.mark.parametrize("schedule", ["local", "ray"])
-def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path):
+def test_local_and_ray_run_ppo_in_lockstep(schedule, tmp_path, request):
     if schedule == "ray":
-        ray = pytest.importorskip("ray")
-        if ray.is_initialized():
-            ray.shutdown()
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+        request.getfixturevalue("local_ray")   # conftest.py's: one Ray per test process
     seen = Episodes()
-    try:
-        run = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, out=tmp_path / "r",
-                          callback=seen, **{**TINY, **({"ray_actor_cpus": 0.5} if schedule == "ray" else {})})
-    finally:
-        if schedule == "ray":
-            ray.shutdown()
+    run = hetrl.train("ppo", "CartPole-v1", steps=256, seed=0, schedule=schedule, actors=2, out=tmp_path / "r",
+                      callback=seen, **{**TINY, **({"ray_actor_cpus": 0.5} if schedule == "ray" else {})})
     r = run.result
     assert r["schedule"] == schedule and r["actors"] == 2 and r["envs_per_actor"] == 2
     assert r["env_steps"] == 256 and r["gradient_steps"] == 4 * 2 * 2 and r["policy_lag_max"] == 0

@@ -5,6 +5,7 @@ the loss scalars, save / load, SB3's policy file, and bad input in one line."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One machine profile cache for the scripts (they plan as a user's would: each profile is made once)."""
+    """A fresh machine profile cache: the quickstart plans as a user's first run does, profiling for real."""
     return tmp_path_factory.mktemp("cache")
 
 
@@ -71,8 +72,16 @@ def test_sb3_quickstart_a2c_cartpole(tmp_path, cache):
     assert "steps 2000" in out and "train/value_loss" in out and "train/policy_loss" in out
 
 
-def test_sb3_multiprocessing_ppo_with_subproc_vec_env_save_and_load(tmp_path, cache):
-    """SB3's multiprocessing example (make_vec_env with SubprocVecEnv), only the import changed."""
+def test_sb3_multiprocessing_ppo_with_subproc_vec_env_save_and_load(tmp_path, monkeypatch):
+    """SB3's multiprocessing example (make_vec_env with SubprocVecEnv), only the import changed. It plans from a
+    profile already cached, as a user's second run does (the quickstart above makes its first profile for real)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from synthetic_profiles import save_for_this_machine
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HETRL_CACHE_DIR", str(cache))
+    model = hetrl.PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4), n_steps=32, batch_size=64)
+    profile = save_for_this_machine(model._config(1000, "none")[0], env_step_s=3e-5, learn_s={"cpu": 1e-3})
     out = run_script(tmp_path, cache, '''
         from stable_baselines3.common.env_util import make_vec_env
         from stable_baselines3.common.vec_env import SubprocVecEnv
@@ -92,7 +101,8 @@ def test_sb3_multiprocessing_ppo_with_subproc_vec_env_save_and_load(tmp_path, ca
                 obs, rewards, dones, info = vec_env.step(action)
             print("done", model.num_timesteps, model.n_envs, model.n_steps)
     ''')
-    assert "done 1024 4 32" in out
+    assert "done 1024 4 32" in out and "planned for" in out
+    assert json.loads(profile.read_text())["created"] == "synthetic"   # planned from it: not profiled again
     for key in ("train/policy_gradient_loss", "train/value_loss", "train/entropy_loss", "train/approx_kl",
                 "train/clip_fraction", "train/loss", "train/explained_variance", "train/clip_range", "time/iterations"):
         assert key in out, key

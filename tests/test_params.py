@@ -15,15 +15,9 @@ from hetrl.runtime.shm import SharedParameterStore
 EXAMPLE = {"w": torch.zeros(3), "b": torch.zeros(2, dtype=torch.float64)}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, logging_level="warning")
-    yield ray
-    if started:
-        ray.shutdown()
+@pytest.fixture
+def ray_session(local_ray):   # conftest.py's: one Ray per test process
+    return local_ray
 
 
 @pytest.fixture(params=["in-process", "shared-memory", pytest.param("ray", marks=pytest.mark.ray)])
