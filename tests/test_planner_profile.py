@@ -262,7 +262,8 @@ def test_the_profile_times_the_inline_loop_whole(cache):
 
     cfg = make_config("dqn", "CartPole-v1", {**TINY, "learner_kernel": "public"})
     grid = {**grid_for(cfg, quick=True), "loop": [1]}
-    assert grid_for(cfg)["loop"] == grid_for(cfg)["threads"] and grid_for(make_config("ppo", "CartPole-v1"))["loop"] == []
+    assert grid_for(cfg)["loop"] == grid_for(cfg)["threads"]
+    assert grid_for(make_config("ppo", "CartPole-v1"))["loop"] == []   # on-policy: a rollout, not this loop
     data = {"grid": grid}
     _pass(cfg, None, ["cpu"], grid, data, 5.0, 0.3, 0.05, True, lambda msg: None, False, False, None,
           only={("loop", "cpu", "1")})

@@ -20,8 +20,8 @@ x(src->dst, bytes) = latency + bytes / bandwidth, 0 on one device):
     l  = learn(L, B, t, k)  per step, profiled with k steps per call (the grouped figure, k > 1); what a run
                             of this workload measured at t threads under this schedule where one did
                             (measured in a run, follow.py), else for inline the profile's loop at t threads
-                            (profile/loop.py: updates as a run makes them), a t > 1 figure measured under load priced as
-                            the 1-thread one x the quiet machine's thread scaling
+                            (profile/loop.py: updates as a run makes them), a t > 1 figure measured under
+                            load priced as the 1-thread one x the quiet machine's thread scaling
     u  = p [x(L->RM, 4B) + rm_update(RM, B)]
     y  = param_sync(L) / (gradient steps per publish)
     g  = s + l + u + y               main process, wall time per gradient step

@@ -854,7 +854,8 @@ class ActorsSchedule(Schedule):
         return True
 
     def _draw_next(self) -> bool:
-        """Draw (ask for) the batches the core's replay ratio allows now, counted as drawn; False when it allows none."""
+        """Draw (ask for) the batches the core's replay ratio allows now, counted as drawn; False when it allows
+        none."""
         g = self._allowed()
         if g:
             self.core.ratio.drawn(g)

@@ -160,8 +160,8 @@ class RaySchedule(ActorsSchedule):
         cpus, need = ray.cluster_resources().get("CPU", 0), lay.actors * cfg.system.ray_actor_cpus
         if need > cpus + 1e-9:
             self.close()
-            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.system.ray_actor_cpus:g} need {need:g} CPUs but the "
-                             f"Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
+            raise UsageError(f"{lay.actors} actors x ray_actor_cpus={cfg.system.ray_actor_cpus:g} need {need:g} CPUs "
+                             f"but the Ray cluster has {cpus:g}: lower --actors, add nodes, or set ray_actor_cpus "
                              f"(e.g. --set ray_actor_cpus={max(0.1, round(cpus / lay.actors, 2)):g})")
         t0 = time.perf_counter()
         if self.core.rollout:   # on-policy: the actors send their rollout shares here, to the learner's rollout
@@ -224,7 +224,8 @@ class RaySchedule(ActorsSchedule):
     def _poll(self, timeout: float) -> None:
         """Wait up to `timeout` for a collect call or the sample request to end, then take the collect calls
         that ended."""
-        refs = [r for s in self.slots for r in s.outstanding] + ([self._pending[1]] if self._pending is not None else [])
+        refs = [r for s in self.slots for r in s.outstanding]
+        refs += [self._pending[1]] if self._pending is not None else []
         if timeout and refs:
             t0 = time.perf_counter()
             ray.wait(refs, num_returns=1, timeout=timeout)

@@ -4,9 +4,9 @@ batches, counting, publishing, refreshing the actor's policy) and what of it is 
 
 Why measure it whole: the other sections time each part alone, hot in the caches, and the parts' sum misses what a
 real loop adds. A policy that acts between two large updates finds its weights evicted, the replay's draw builds a
-dict of tensors, and the learner core counts, checks and publishes after every call. A TD3 Pendulum phase (one env
-step, one update) spends about 1.3 ms around its update where the parts add up to 0.5 ms: 15% of a 2-thread
-phase, which a model of the parts alone over-predicts by as much.
+dict of tensors, and the learner core counts, checks and publishes after every call. Where a phase is one env step
+and one update, that is a good share of the phase, which a model of the parts alone over-predicts by as much
+(docs/planner.md, "The loop, timed whole", gives a measured case).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def measure_loop(ctx: Context, env) -> dict:
     """Section ``loop``: per thread count t of the grid, the inline loop's wall time per env step beyond its learner
     calls (``s``), and of it the actor's collect (``act_s``); its learner calls' time per gradient step (``learn_s``,
     the updates as an inline run makes them: after a stretch of one-thread work, not back to back) and steps per
-    call (``group``); the gradient steps per env step and the envs and steps per phase it ran at. An off-policy CPU learner only (an on-policy phase is a rollout, priced by its own
-    sections). `env`: the run's env, as given."""
+    call (``group``); the gradient steps per env step and the envs and steps per phase it ran at. An off-policy CPU
+    learner only (an on-policy phase is a rollout, priced by its own sections). `env`: the run's env, as given."""
     from hetrl.runtime.inline import InlineSchedule
 
     out: dict = {}
