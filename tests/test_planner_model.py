@@ -326,10 +326,12 @@ def test_the_loop_the_profile_timed_whole_is_priced_beyond_its_parts():
     assert predict(Plan("inline", 1, 4, threads=2), t, WORK, cores=4).times["loop_excess_per_step"] == \
         pytest.approx(400e-6)   # the nearest thread count measured quiet
     assert predict(inline, t, dataclasses.replace(WORK, rollout=True), cores=4).times["loop_excess_per_step"] == 0
-    # the loop's own updates price an inline plan at exactly its thread count and steps per call, nothing else
+    # the loop's own updates price a plan at exactly its thread count and about its steps per call, nothing else
     t.data["loop"]["cpu"]["1"].update(learn_s=5e-3, group=WORK.grads_per_phase, threads=1)
     assert predict(inline, t, WORK, cores=4).times["learn"] == pytest.approx(5e-3)
-    assert predict(local, t, WORK, cores=4).times["learn"] == pytest.approx(before["local"].times["learn"])
+    # a local plan's (32 steps a call, the loop's 128) moved by the learner entries' ratio between the two groups
+    ratio = t.learn_step("cpu", 64, 1, 32, calibrated=False) / t.learn_step("cpu", 64, 1, 128, calibrated=False)
+    assert predict(local, t, WORK, cores=4).times["learn"] == pytest.approx(5e-3 * ratio)
     assert predict(Plan("inline", 1, 4, threads=2), t, WORK, cores=4).times["learn"] != pytest.approx(5e-3)
     t.data["loop"]["cpu"]["1"]["provisional"] = "measured under load"
     assert predict(inline, t, WORK, cores=4).times["loop_excess_per_step"] == 0.0

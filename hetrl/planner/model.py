@@ -310,17 +310,21 @@ def loop_excess(plan: Plan, table: ProfileTable, work: Workload) -> float:
 
 def _learn(plan: Plan, T: ProfileTable, kg: int, spin: float) -> float:
     """l, seconds per gradient step: what a run of this workload measured under this schedule at these threads
-    (in_run), else, for an inline plan, the profile's inline loop at exactly these threads and steps per call (its
-    updates come after a stretch of one-thread acting, which the kernel's lanes wake from, where the learner
-    entries time them back to back), else the learner entries."""
+    (in_run), else the profile's inline loop at exactly these threads, moved to the plan's steps per call by the
+    learner entries' ratio between the two group sizes, else the learner entries. The loop's updates are the run's
+    kernel on real batches between the other work of a phase, as an inline and a local learner both make them; the
+    learner entries time synthetic batches back to back, and missed a local run by more than the loop missed an
+    inline one (docs/planner.md, "The loop, timed whole"). Scaled by `spin` where a local plan's threads share
+    cores with the actors."""
     L, B = plan.learner_device, plan.batch_size
     ran = T.in_run(L, B, plan.threads, kg, plan.schedule)
     if ran is not None:
         return float(ran["s"])
-    loop = T.loop(L, plan.threads) if plan.schedule == "inline" else None
-    if loop is not None and loop.get("threads") == plan.threads and loop.get("learn_s") \
-            and 0.5 <= float(loop.get("group", 1)) / kg <= 2:
-        return float(loop["learn_s"])
+    loop = T.loop(L, plan.threads)
+    if loop is not None and loop.get("threads") == plan.threads and loop.get("learn_s"):
+        at = T.learn_step(L, B, plan.threads, max(1, round(float(loop.get("group", 1)))), calibrated=False)
+        if at > 0:
+            return float(loop["learn_s"]) * T.learn_step(L, B, plan.threads, kg, calibrated=False) / at * spin
     return T.learn_step(L, B, plan.threads, kg) * spin
 
 
