@@ -135,9 +135,33 @@ def test_checkpoint_resume_under_another_schedule_and_load(name, tmp_path):
 
 # local_ray: conftest.py's (one Ray per test process; its workers import the docs example's module by name)
 @pytest.mark.ray
-@pytest.mark.parametrize("name", ALGOS)
-def test_trains_under_ray(name, local_ray, tmp_path):
-    """One tiny run per algorithm on a Ray instance on loopback: its Ray actor unpickles the policy."""
+def test_every_algorithms_policy_acts_in_a_ray_worker(local_ray):
+    """What a Ray actor gets of each algorithm: its acting policy, through Ray's serialization, acts in a Ray
+    worker as it acts here (one worker for every algorithm: the run itself is the same core under every
+    algorithm, and runs under Ray below and in tests/test_ray.py and test_onpolicy_runs.py)."""
+    policies, obs, want = {}, {}, {}
+    for name in ALGOS:
+        algo, cfg, env = build(name)
+        algo.learn(*batches(algo, cfg, env, K=2, seed=3))
+        policies[name], obs[name] = algo.make_policy(seed=1, num_envs=4), observations(env)
+        want[name] = policies[name].act_deterministic(obs[name])
+
+    @local_ray.remote
+    def act_there(policies, obs):
+        return {name: (p.act_deterministic(obs[name]), len(p.act(obs[name], None)[0])) for name, p in policies.items()}
+
+    got = local_ray.get(act_there.remote(policies, obs), timeout=300)
+    assert set(got) == set(ALGOS)
+    for name, (det, n) in got.items():
+        np.testing.assert_array_equal(det, want[name], err_msg=name)
+        assert n == 4, name
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("name", ["twinq", "reinforce"])
+def test_a_users_algorithm_trains_under_ray(name, local_ray, tmp_path):
+    """docs/extending.md's off- and on-policy examples, registered from a module of the user's, in a tiny run on a
+    Ray instance on loopback: the Ray actor imports the module to unpickle the policy."""
     run = hetrl.train(name, env_for(name), steps=300, seed=0, out=tmp_path / "r", plan="none", progress=False,
                       schedule="ray", actors=1, **{**tiny(name), "num_envs": 1})
     assert run.result["env_steps"] >= 300 and run.algo.updates == run.result["gradient_steps"] > 0
