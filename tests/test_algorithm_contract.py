@@ -1,7 +1,7 @@
 """The algorithm protocol's contract (hetrl/algorithm.py, docs/extending.md), checked on every registered
 algorithm: the built-ins, CrossQ, any later one, and docs/extending.md's example ("twinq", registered by
 tests/extending_example.py from the doc's own code) — each on a small env it takes and a tiny network:
-learn, act, pickle, the state round trip, checkpoint/resume, every schedule, loading. Then what a user's
+learn, act, pickle, the state round trip, checkpoint/resume inline and local, acting in a Ray worker, loading. Then what a user's
 algorithm gets with no line of hetrl changed (evaluation, the planner, an entry point found by `hetrl train`),
 and that hetrl outside an algorithm's own file names no built-in algorithm."""
 
