@@ -8,9 +8,6 @@ PER beta annealing; the actors' seeds and the restart policy of actors that die;
 checked), publishing; one checkpoint format (a run resumes under any schedule) and one set of figures. An
 on-policy algorithm (``storage = "rollout"``) has a rollout storage, the rollout rule (ratio.RolloutRatio) and
 the learner phase of a rollout (:meth:`LearnerCore.learn_rollout`) in place of the replay's.
-
-:class:`Schedule` is the interface every transport implements:
-``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
 """
 
 from __future__ import annotations
@@ -127,7 +124,6 @@ class Counters:
     lag_sum: float = 0.0           # sum over inserted env steps of the policy lag in gradient steps
     lag_max: int = 0               # the largest policy lag (gradient steps) of an inserted chunk
     restarts: int = 0
-    insert_messages: int = 0
     params_version: int = 0
 
 
@@ -178,7 +174,6 @@ class LearnerCore:
         self._use_kernel(self.kernel_choice)
         self.c = Counters()
         self.params: ParameterStore | None = None
-        self.publish_every = max(1, cfg.system.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
         self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
@@ -192,16 +187,16 @@ class LearnerCore:
         self.max_lag = lay.max_lag if lay is not None and not phased and not self.rollout else 0   # (0: none)
         if self.rollout:
             self.ratio = RolloutRatio(self, lay.chunk if lay is not None else None)
-            self.publish_every = UNBOUNDED   # a rollout's phase publishes once, at its end
             # the minibatches' shuffle: the run's own generator (checkpointed), whatever else runs in the process
             self.shuffle_rng = torch.Generator().manual_seed(cfg.seed + 0x5F3759DF)
-            self.rollout_stats: dict[str, float] = {}
-            self._ones: dict[tuple, torch.Tensor] = {}
         else:
             self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
                           else ReplayRatio.overlapped(self, lay, servers))
-        self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
+        # gradient steps between publications (phases publish at their boundaries only, a rollout at its end)
+        self.publish_every = (UNBOUNDED if phased or self.rollout
+                              else max(1, cfg.system.publish_interval * grads_per_phase(cfg)))
         self.restarts: dict[int, int] = {}   # actor -> times it was replaced (actor_died)
+        self.rollout_stats: dict[str, float] = {}   # the last rollout's figures (on-policy)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
         # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
@@ -282,7 +277,6 @@ class LearnerCore:
         c.env_steps += steps
         self.algo.on_env_steps(before, c.env_steps)
         c.acting_s += busy_s
-        c.insert_messages += 1
         if version is not None:
             c.staleness_sum += (c.params_version - version) * steps
             c.staleness_steps += steps
@@ -414,7 +408,7 @@ class LearnerCore:
         group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if total else 1
         for idx in minibatches(R, cfg.batch_size, cfg.n_epochs, group, self.shuffle_rng, self.device):
             self.ratio.drawn(idx.shape[0])
-            self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
+            self.learn({k: v[idx] for k, v in flat.items()}, torch.ones(idx.shape, device=self.device))   # uniform
             if algo.stop_phase():
                 break
         algo.rollout_done(data)
@@ -423,13 +417,6 @@ class LearnerCore:
         self.publish()
         return True
 
-    def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
-        """Importance weights of on-policy minibatches: ones, one tensor per shape."""
-        w = self._ones.get(shape)
-        if w is None:
-            w = self._ones[shape] = torch.ones(shape, device=self.device)
-        return w
-
     def progress_remaining(self) -> float:
         """1 - env_steps / steps, at least 0 (SB3's progress remaining, as schedules read it)."""
         return 1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))
@@ -437,10 +424,7 @@ class LearnerCore:
     def train_stats(self) -> dict[str, float]:
         """The algorithm's loss scalars of its last update (its `stats`) and the last rollout's figures, as floats
         (a device sync: read them only when logging)."""
-        out = {k: float(v) for k, v in getattr(self.algo, "stats", {}).items()}
-        if self.rollout:
-            out.update(self.rollout_stats)
-        return out
+        return {**{k: float(v) for k, v in getattr(self.algo, "stats", {}).items()}, **self.rollout_stats}
 
     def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
         """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
@@ -456,7 +440,7 @@ class LearnerCore:
         self.governor.record(seconds, steps)
         c.gradient_steps += steps
         c.phases += 1
-        if c.gradient_steps - self._published_at >= self.publish_every and not self.hold_publish:
+        if c.gradient_steps - self._published_at >= self.publish_every:
             self.publish(changed_only=True)
 
     def schedule_lr(self) -> None:
@@ -603,10 +587,7 @@ class Schedule(abc.ABC):
         rollout = self.core.ratio.base if self.core.rollout else None
         while not self.done():
             self._step()
-            if rollout is not None:
-                if self.core.ratio.base != rollout:
-                    break
-            elif time.perf_counter() >= t_end:
+            if self.core.ratio.base != rollout if rollout is not None else time.perf_counter() >= t_end:
                 break
         eps, self._episodes = self._episodes, []
         return eps
@@ -629,9 +610,7 @@ class Schedule(abc.ABC):
     keep_actors_state = False      # set where the run saves its replay: a finished run keeps its actors' state
 
     def actor_envs(self) -> list[int] | None:
-        """The envs of each of its actors (an actors_state() restores into actors of the same envs); None: its
-        actors are not saved."""
-        return None
+        """The envs of each of its actors (an actors_state() restores into actors of the same envs)."""
 
     def actors_state(self) -> dict:
         """The actors' state for an exact resume (Actor.state_dict of each: envs, RNGs, pending n-step transitions,
