@@ -35,7 +35,7 @@ from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import BatchGroups
 from hetrl.runtime.core import ActorsSchedule, LearnerCore, Slot
 from hetrl.runtime.layout import layout
-from hetrl.runtime.local_actor import ActorArgs, actor_main
+from hetrl.runtime.local_actor import actor_main
 from hetrl.runtime.shm import SharedArrays, SharedParameterStore
 
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
@@ -71,21 +71,15 @@ def _context(warm: bool = False, preload: tuple[str, ...] = ()):
 class _Handle(Slot):
     """The learner's view of one actor process; its grants in flight are its staging halves (half -> env steps)."""
 
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.proc = None
-        self.ctrl = self.data = self.lifeline = None
-        self.ready = False
-        self.stopping = False
-        self.state: dict | None = None          # its answer to ("state",)
+    ready = stopping = False
+    proc = ctrl = data = lifeline = None
+    state: dict | None = None          # its answer to ("state",)
 
     def close_pipes(self) -> None:
         for conn in (self.ctrl, self.data, self.lifeline):
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     conn.close()
-                except OSError:
-                    pass
         self.ctrl = self.data = self.lifeline = None
 
 
@@ -95,10 +89,8 @@ def _shutdown(handles: list[_Handle], timeout: float = 2.0) -> None:
     for h in handles:
         h.stopping = True
         if h.ctrl is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 h.ctrl.send(None)
-            except (OSError, ValueError):
-                pass
     deadline = time.monotonic() + timeout
     for h in handles:
         if h.proc is not None:
@@ -185,13 +177,13 @@ class LocalSchedule(ActorsSchedule):
 
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
-        args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor),
-                         self._staging[h.index], self.params, self.cfg.system.actor_one_thread)
         ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         data_r, data_w = ctx.Pipe(duplex=False)
         life_r, life_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=actor_main, args=(args, ctrl_r, data_w, life_r), daemon=True,
-                           name=f"hetrl-actor-{h.index}")
+        spec = self.core.actor_spec(h.index, self.lay.envs_per_actor)
+        proc = ctx.Process(target=actor_main, args=(spec, self._staging[h.index], self.params,
+                                                    self.cfg.system.actor_one_thread, ctrl_r, data_w, life_r),
+                           daemon=True, name=f"hetrl-actor-{h.index}")
         try:
             with _main_not_reimported(self.env, self.core.algo):
                 proc.start()
@@ -288,11 +280,9 @@ class LocalSchedule(ActorsSchedule):
                 self._on_exit(h)
 
     def _read(self, h: _Handle) -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError):   # (it exited: its sentinel follows)
             while h.data.poll():
                 self._handle(h, h.data.recv())
-        except (EOFError, OSError):
-            pass  # it exited: its sentinel follows
 
     def _handle(self, h: _Handle, msg) -> None:
         kind = msg[0]

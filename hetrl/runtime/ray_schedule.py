@@ -21,6 +21,7 @@ Ray is started and stopped; a Ray the caller initialised is used as it is. docs/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -121,12 +122,10 @@ def cluster_env_backend(measured: str) -> tuple[str, str | None]:
 
 class _Slot(Slot):
     """The learner's view of one Ray actor; its grants in flight are its collect calls (ObjectRef -> env steps), its
-    chunk of a phase is staged at its server."""
+    chunk of a phase is staged at its server; `where` it runs (its process and node)."""
 
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.handle = None
-        self.where: dict = {}
+    handle = None
+    where: dict = {}
 
 
 class RaySchedule(ActorsSchedule):
@@ -314,10 +313,8 @@ class RaySchedule(ActorsSchedule):
     def _stop_actors(self) -> None:
         for s in getattr(self, "slots", []):
             if s.handle is not None:
-                try:
+                with contextlib.suppress(Exception):
                     ray.kill(s.handle, no_restart=True)
-                except Exception:
-                    pass
                 s.handle, s.outstanding = None, {}
 
     def close(self) -> None:
