@@ -13,8 +13,7 @@ from the core's counters (env steps inserted, granted and not yet in, transition
   a batch is drawn only once the priorities of all but that many earlier batches are written; 0: exact PER, each
   batch sampled from a tree that holds every earlier batch's |TD|), under every schedule.
 
-An on-policy algorithm has :class:`RolloutRatio` instead, with the same interface: the actors collect one whole
-rollout, the learner learns it, and only then do the actors collect the next (no policy lag).
+An on-policy algorithm has :class:`RolloutRatio` instead, with the same interface.
 """
 
 from __future__ import annotations
@@ -74,10 +73,9 @@ class ReplayRatio:
 
     @classmethod
     def phased(cls, core, lay) -> "ReplayRatio":
-        """Actors and learner at the same time, in phases (a reproducible run, cut by layout `lay`): at a phase
-        boundary the chunks of the phase go in, in actor order, the learner's policy is published and every actor
-        is granted the next phase's chunk; between boundaries the learner draws, from the replay as it stood at
-        the boundary, what the ratio owes for the env steps in (as inline: no lead), while the actors collect."""
+        """Actors and learner at the same time, in phases (a reproducible run, cut by layout `lay`; ActorsSchedule):
+        between boundaries the learner draws, from the replay as it stood at the boundary, what the ratio owes for
+        the env steps in (as inline: no lead), while the actors collect."""
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
 
     # ---- the insert side -------------------------------------------------------------------------
@@ -172,8 +170,8 @@ class ReplayRatio:
                 "error_buffer": (self.spi * min_size - eb, float("inf")), "rate_limit": self.rate_limit}
 
     def figures(self) -> dict:
-        return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
-                "priority_lag": self.priority_lag if self.prioritized else None,
+        return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi,
+                "rate_error_buffer": self.error_buffer, "priority_lag": self.priority_lag if self.prioritized else None,
                 "priority_lag_max": self.lag_max if self.prioritized else None}
 
 
