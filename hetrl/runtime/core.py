@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import operator
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -127,16 +128,6 @@ class Counters:
     params_version: int = 0
 
 
-@dataclass(frozen=True)
-class LinearLR:
-    """lr x progress remaining (rl-zoo's lin_X); picklable."""
-
-    lr: float
-
-    def __call__(self, progress_remaining: float) -> float:
-        return self.lr * progress_remaining
-
-
 class LearnerCore:
     """The learner side of a run: set up once per run by its schedule, in the learner's process.
 
@@ -199,9 +190,10 @@ class LearnerCore:
         self.rollout_stats: dict[str, float] = {}   # the last rollout's figures (on-policy)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
-        # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
-        # (the SB3-style classes' callable learning_rate)
-        self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
+        # call; None: the optimizers keep theirs. cfg.lr_schedule sets it (linear: lr x progress remaining, rl-zoo's
+        # lin_X); a front end may set any function (the SB3-style classes' callable learning_rate)
+        self.lr_at: Callable[[float], float] | None = (functools.partial(operator.mul, cfg.lr)
+                                                       if cfg.lr_schedule == "linear" else None)
         self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
         self._contract_checked = False                     # learn()'s contract, checked on the first call
@@ -691,8 +683,8 @@ class Schedule(abc.ABC):
 
 
 class Slot:
-    """The learner's view of one actor (a transport adds its handle): its grants in flight (key -> env steps) and,
-    in phases, its chunk of the phase, waiting for the boundary."""
+    """The learner's view of one actor (a transport adds its handle): its grants in flight (the core's grant key ->
+    env steps) and, in phases, its chunk of the phase, waiting for the boundary."""
 
     ready = True
 
@@ -717,8 +709,8 @@ class ActorsSchedule(Schedule):
     False when the actor cannot take one), `_insert(slot, *chunk)` (a chunk of the phase in), `_draw(g)` (draw or
     ask for g batches), `_drawing()` (a group drawn or asked for is not learned yet), `_receive()` (the drawn group
     as (stack, keys, weights, shard), None while not there), `_learned(shard, keys, |TD|)` (its priorities written),
-    `_start_actors()` (seeded for the step count: actor_spec), `_stop_actors()` (the run's figures and state stay)
-    and `_ask_states()` (actors_state() of the idle actors)."""
+    `_start_actors()` (seeded for the step count: actor_spec), `_spawn(slot)` (a new actor in the slot),
+    `_stop_actors()` (the run's figures and state stay) and `_ask_states()` (actors_state() of the idle actors)."""
 
     lay: Layout
     slots: list[Slot]
@@ -734,9 +726,10 @@ class ActorsSchedule(Schedule):
 
     def phase(self) -> list[tuple[float, int]]:
         if self._phased and not self._closed:
-            if not self._open and not self.done():
+            if not self._open and not self.done():   # every actor granted its chunk of the phase
                 self._open = True
-                self._grant_phase()
+                for s in self.slots:
+                    self._grant_one(s)
             while self._open and not self.done():
                 self._step()
             eps, self._episodes = self._episodes, []
@@ -782,11 +775,6 @@ class ActorsSchedule(Schedule):
         """Every chunk of the phase arrived and the learner drew and learned what it owes."""
         return all(s.ready and not s.outstanding for s in self.slots) and not self._drawing() and self._allowed() == 0
 
-    def _grant_phase(self) -> None:
-        """Every actor granted its chunk of the phase (none once the run has its env steps)."""
-        for s in self.slots:
-            self._grant_one(s)
-
     def _insert_phase(self) -> None:
         """The phase's chunks in, in actor order."""
         for s in self.slots:
@@ -806,7 +794,9 @@ class ActorsSchedule(Schedule):
         start = self._next_actor % len(slots)
         for k in range(len(slots)):
             s = slots[(start + k) % len(slots)]
-            while len(s.outstanding) < most and self._wants(s.index):
+            # on-policy, only while its share of the rollout is not in (so that every actor steps its own envs, one
+            # share of every rollout each, whatever the timing)
+            while len(s.outstanding) < most and (not self.core.rollout or self.replay.wants(s.index)):
                 sent = self._grant_one(s)
                 if sent is None:
                     return
@@ -841,10 +831,14 @@ class ActorsSchedule(Schedule):
             self._draw(g)
         return g > 0
 
-    def _wants(self, index: int) -> bool:
-        """Whether actor `index` may get a grant: on-policy, only while its share of the rollout is not in (so that
-        every actor steps its own envs, one share of every rollout each, whatever the timing)."""
-        return not self.core.rollout or self.replay.wants(index)
+    def _replace(self, slot: Slot, what: str, starting: bool = False, hint: str = "") -> None:
+        """Actor `slot` died (`what`): its grants in flight are granted again and, by the core's restart policy
+        (actor_died), a new actor takes its place, granted the dead one's chunk of an open phase."""
+        lost, slot.outstanding = list(slot.outstanding), {}
+        self.core.actor_died(slot.index, what, self.close, lost, starting=starting, hint=hint)
+        self._spawn(slot)
+        if self._phased and self._open:
+            self._grant_one(slot)
 
     def _restart_actors(self) -> None:
         self._stop_actors()

@@ -26,7 +26,7 @@ import pickle
 import sys
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hetrl import registry
 from hetrl.actors.envs import EnvSpec, env_name
@@ -69,7 +69,7 @@ def _context(warm: bool = False, preload: tuple[str, ...] = ()):
 
 
 class _Handle(Slot):
-    """The learner's view of one actor process; its grants in flight are its staging halves (half -> env steps)."""
+    """The learner's view of one actor process: its grants in flight are its staging halves, (index, half)."""
 
     ready = stopping = False
     proc = ctrl = data = lifeline = None
@@ -135,8 +135,7 @@ class LocalSchedule(ActorsSchedule):
                                                               preallocate=cfg.system.preallocate and on_cpu)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") \
             if cfg.system.prefetch and not core.rollout else None
-        self._pending = None       # a prefetch in flight (Future)
-        self._ready = None         # a drawn group not yet learned
+        self._drawn = None         # a group drawn and not learned yet: (group, seconds), or a Future while prefetched
         self._episodes: list[tuple[float, int]] = []
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
         self.slots: list[_Handle] = []
@@ -210,44 +209,38 @@ class LocalSchedule(ActorsSchedule):
         grant = self.core.next_grant(self.lay.envs_per_actor)
         if grant is None:
             return None
-        half = 1 if 0 in h.outstanding else 0
+        half = 1 if (h.index, 0) in h.outstanding else 0
         try:
             h.ctrl.send((half, *grant))
         except OSError:
             return False
-        h.outstanding[half] = grant[0]
+        h.outstanding[h.index, half] = grant[0]
         self.core.granted((h.index, half), grant[0])
         return True
 
     # learning -----------------------------------------------------------------------------------------
-    def _gather(self, g: int):
+    def _gather(self, g: int) -> tuple:
         t0 = time.perf_counter()
-        item = self._batches.draw(g)
-        return item, time.perf_counter() - t0
+        return self._batches.draw(g), time.perf_counter() - t0
 
     def _draw(self, g: int) -> None:
         """Draw g batches, in the background if prefetching."""
         self._record()
         if self.cfg.prioritized:
             self.replay.set_beta(self.core.beta())
-        if self._pool is not None:
-            self._pending = self._pool.submit(self._gather, g)
-        else:
-            self._ready, dt = self._gather(g)
-            self.c.replay_s += dt
+        self._drawn = self._pool.submit(self._gather, g) if self._pool is not None else self._gather(g)
 
     def _join_prefetch(self) -> None:
-        if self._pending is not None:
-            self._ready, dt = self._pending.result()
-            self._pending = None
-            self.c.replay_s += dt
+        if isinstance(self._drawn, Future):
+            self._drawn = self._drawn.result()
 
     def _drawing(self) -> bool:
-        return self._ready is not None or self._pending is not None
+        return self._drawn is not None
 
     def _receive(self) -> tuple:
         self._join_prefetch()
-        (stack, keys, weights), self._ready = self._ready, None
+        ((stack, keys, weights), dt), self._drawn = self._drawn, None
+        self.c.replay_s += dt
         return stack, keys, weights, None
 
     def _learned(self, shard, keys, td) -> None:
@@ -290,7 +283,7 @@ class LocalSchedule(ActorsSchedule):
             _, half, rows, steps, version, episodes, busy = msg
             if self._phased:   # in from its staging half at the phase boundary, in actor order
                 h.chunk = (half, rows, steps, version, busy)
-                h.outstanding.pop(half, None)
+                h.outstanding.pop((h.index, half), None)
             else:
                 self._insert(h, half, rows, steps, version, busy)
             self._episodes.extend(episodes)
@@ -310,7 +303,7 @@ class LocalSchedule(ActorsSchedule):
         if rows:
             view = self._views[h.index][half]
             self.core.insert(self.replay, {k: v[:rows] for k, v in view.items()}, h.index)
-        h.outstanding.pop(half, None)
+        h.outstanding.pop((h.index, half), None)
         self.core.returned((h.index, half))
         self.core.inserted(steps, version, busy)
         self.c.replay_s += time.perf_counter() - t0
@@ -323,18 +316,16 @@ class LocalSchedule(ActorsSchedule):
         code = proc.exitcode
         h.proc = None
         h.close_pipes()
-        lost, h.outstanding = [(h.index, half) for half in h.outstanding], {}
         if h.stopping or self._closed:
-            for key in lost:
+            for key in h.outstanding:
                 self.core.returned(key)
+            h.outstanding = {}
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         hint = (" (an env factory or algorithm from your script makes actors import the script: keep the training "
                 "code under `if __name__ == '__main__':`)" if not h.ready and _main_needed(self.env, self.core.algo)
                 else "")
-        self.core.actor_died(h.index, f"actor {h.index} (pid {proc.pid}) {how}", self.close, lost,
-                             starting=not h.ready, hint=hint)
-        self._spawn(h)
+        self._replace(h, f"actor {h.index} (pid {proc.pid}) {how}", starting=not h.ready, hint=hint)
 
     def _record(self) -> None:
         if self.trace is not None:

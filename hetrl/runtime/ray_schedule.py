@@ -25,11 +25,7 @@ import contextlib
 import os
 import re
 import time
-import warnings
 from dataclasses import replace
-
-import numpy as np
-import torch
 
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
@@ -133,7 +129,6 @@ class RaySchedule(ActorsSchedule):
     replay_here = False
 
     def __init__(self, cfg: Config, env: EnvSpec):
-        import_ray()
         self.cfg, self.env = cfg, env
         self.slots: list[_Slot] = []
         self.servers: list = []
@@ -237,9 +232,9 @@ class RaySchedule(ActorsSchedule):
                 s.outstanding.pop(ref)
                 try:
                     steps, rows, version, episodes, busy, counters = ray.get(ref)
-                except ray.exceptions.RayActorError as e:
+                except ray.exceptions.RayActorError as e:   # a new actor (Ray places it wherever there are CPUs)
                     self.core.returned(ref)
-                    self._on_actor_death(s, e)
+                    self._replace(s, f"actor {s.index} died ({e.__class__.__name__})")
                     break
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
@@ -261,15 +256,6 @@ class RaySchedule(ActorsSchedule):
         if new := self.replay.acknowledged(shard, inserts):
             self.core.inserted(new, version)
 
-    def _on_actor_death(self, s: _Slot, err) -> None:
-        """A new actor takes the dead one's place (Ray places it wherever there are CPUs, e.g. when
-        its node was lost); its calls in flight are lost: their env steps are granted again."""
-        lost, s.outstanding = list(s.outstanding), {}
-        self.core.actor_died(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close, lost)
-        self._spawn(s)
-        if self._phased and self._open:   # its chunk of this phase, from the new actor
-            self._grant_one(s)
-
     # learning -----------------------------------------------------------------------------------------
     def _draw(self, g: int) -> None:
         """Ask the next shard for g batches (the server waits until its rate limiter allows, and until the
@@ -284,15 +270,14 @@ class RaySchedule(ActorsSchedule):
         if not ray.wait([ref], timeout=0)[0]:
             return None
         t0 = time.perf_counter()
-        got, self._pending = ray.get(ref), None
-        if got is None:  # the rate limiter held it: ask the same shard again later
+        got, self._pending = self.replay.answer(shard, ref), None
+        if got is None:  # the rate limiter held it: the same shard is asked again later
             self.core.ratio.undrawn(g)
-            self.replay.next = shard
             return None
-        stack, keys, weights, counters = got
-        self._count_inserts(shard, counters["inserts"])
+        stack, keys, weights, inserts = got
+        self._count_inserts(shard, inserts)
         self.c.replay_s += time.perf_counter() - t0
-        return {k: _tensor(v) for k, v in stack.items()}, keys, _tensor(weights), shard
+        return stack, keys, weights, shard
 
     def _learned(self, shard, keys, td) -> None:
         if self.cfg.prioritized:
@@ -351,10 +336,3 @@ class RaySchedule(ActorsSchedule):
     def _restart_actors(self) -> None:
         self._sync_servers()
         super()._restart_actors()
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    """A tensor over a NumPy array from Ray's object store (read-only memory: the learner only reads it)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
-        return torch.from_numpy(a)
