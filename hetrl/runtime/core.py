@@ -186,7 +186,7 @@ class LearnerCore:
         # gradient steps between publications (phases publish at their boundaries only, a rollout at its end)
         self.publish_every = (UNBOUNDED if phased or self.rollout
                               else max(1, cfg.system.publish_interval * grads_per_phase(cfg)))
-        self.restarts: dict[int, int] = {}   # actor -> times it was replaced (actor_died)
+        self.restarts: dict[int, int] = {}   # actor -> times it was replaced (ActorsSchedule._replace)
         self.rollout_stats: dict[str, float] = {}   # the last rollout's figures (on-policy)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
@@ -305,24 +305,6 @@ class LearnerCore:
         if not self._in_flight or not self.max_lag:
             return UNBOUNDED
         return min(at for at, _ in self._in_flight.values()) + self.max_lag - planned
-
-    def actor_died(self, index: int, what: str, give_up, lost=(), starting: bool = False, hint: str = "") -> None:
-        """Actor `index` died (`what`: "actor 1 (pid 42) exited with code 1"); `lost`: its grants in flight,
-        whose env steps are granted again. One that dies while starting ends the run (`give_up()`, the
-        schedule's close, then HetrlError): a new one would die the same way. Otherwise it is counted: past
-        MAX_RESTARTS of this actor the run gives up, else the schedule starts a new one (actor_spec gives it new
-        seeds)."""
-        for key in lost:
-            self.returned(key)
-        if starting:
-            give_up()
-            raise HetrlError(f"{what} while starting; its error is printed above{hint}")
-        n = self.restarts[index] = self.restarts.get(index, 0) + 1
-        self.c.restarts += 1
-        if n > MAX_RESTARTS:
-            give_up()
-            raise HetrlError(f"{what}, restart {n}: giving up")
-        print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
 
     def beta(self) -> float | None:
         """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
@@ -832,10 +814,22 @@ class ActorsSchedule(Schedule):
         return g > 0
 
     def _replace(self, slot: Slot, what: str, starting: bool = False, hint: str = "") -> None:
-        """Actor `slot` died (`what`): its grants in flight are granted again and, by the core's restart policy
-        (actor_died), a new actor takes its place, granted the dead one's chunk of an open phase."""
-        lost, slot.outstanding = list(slot.outstanding), {}
-        self.core.actor_died(slot.index, what, self.close, lost, starting=starting, hint=hint)
+        """The restart policy. Actor `slot` died (`what`: "actor 1 (pid 42) exited with code 1"): its grants in
+        flight are granted again. One that dies while starting ends the run (HetrlError): a new one would die the
+        same way. Past MAX_RESTARTS of one actor the run gives up; else a new actor takes its place (actor_spec
+        gives it new seeds), granted the dead one's chunk of an open phase."""
+        for key in slot.outstanding:
+            self.core.returned(key)
+        slot.outstanding = {}
+        if starting:
+            self.close()
+            raise HetrlError(f"{what} while starting; its error is printed above{hint}")
+        n = self.core.restarts[slot.index] = self.core.restarts.get(slot.index, 0) + 1
+        self.c.restarts += 1
+        if n > MAX_RESTARTS:
+            self.close()
+            raise HetrlError(f"{what}, restart {n}: giving up")
+        print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
         self._spawn(slot)
         if self._phased and self._open:
             self._grant_one(slot)
