@@ -1,8 +1,5 @@
-"""Where a run goes: in this process, or as groups in processes of their own or Ray tasks (a population's groups).
-
-`stop_signals()`: Ctrl-C / SIGTERM ask a run to stop at the end of its phase, with a checkpoint.
-`run_groups(target, jobs, where)`: `target(*job, stopped=...)` for each job, in a process (local) or a Ray task (ray).
-"""
+"""Where a run goes: in this process (stop_signals), or as groups in processes of their own or Ray tasks (a
+population's groups: run_groups)."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ from hetrl.errors import HetrlError
 class _Stop:
     """Set by the first SIGINT or SIGTERM; `signal` names it."""
 
-    def __init__(self) -> None:
-        self.signal: str | None = None
+    signal: str | None = None
 
     def __bool__(self) -> bool:
         return self.signal is not None

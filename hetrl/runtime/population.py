@@ -1,11 +1,8 @@
-"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives,
-the inline schedule over M members: one vector env (member m: envs m*n .. m*n+n-1) acting through
-Algorithm.stacked_policy, and each member's own replay and learner core, their phases learned as lanes.
+"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives
+(PopulationSchedule), and the population's files (population.json, result.json with the report).
 
 Each member runs exactly what its own inline run would (its envs, acting policy, replay and learner seeded and
-drawing as that run's), so member i equals the inline run of seed i (tests/test_population.py). Each member is
-also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of it); the population's
-files (population.json, result.json with the report) are written here.
+drawing as that run's), so member i equals the inline run of seed i (tests/test_population.py).
 """
 
 from __future__ import annotations
@@ -193,8 +190,9 @@ class MemberSchedule(Schedule):
 
 class PopulationSchedule(InlineSchedule):
     """The inline schedule over the members of a population (their configs differ only in seed and swept settings
-    that keep shapes and step schedules); `lanes`: member phases learned at once. Its counters are member 0's
-    (every member steps alike); `views` are the members as schedules of their own."""
+    that keep shapes and step schedules): one vector env (member m: envs m*n .. m*n+n-1) acting through
+    Algorithm.stacked_policy, each member's own replay and learner core, `lanes` member phases learned at once.
+    Its counters are member 0's (every member steps alike); `views` are the members as schedules of their own."""
 
     stacked = True
 

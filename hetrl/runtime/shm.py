@@ -97,23 +97,19 @@ class SharedParameterStore:
 
     def __init__(self, example: Mapping[str, torch.Tensor]):
         fields = {"header": ((2,), "int64")}
-        self.names = list(example)
         for k, v in example.items():
             fields["p:" + k] = (tuple(v.shape), np.dtype(str(v.dtype).replace("torch.", "")).str)
-        self.block = SharedArrays(fields)
+        self.__setstate__({"names": list(example), "block": SharedArrays(fields)})
         self.block["header"][:] = (0, -1)
-        self._setup_views()
-
-    def _setup_views(self) -> None:
-        self._shared = {k: torch.from_numpy(self.block["p:" + k]) for k in self.names}
-        self._local = {k: v.clone() for k, v in self._shared.items()}
 
     def __getstate__(self):
         return {"names": self.names, "block": self.block}
 
     def __setstate__(self, state):
+        """The store over `block` (a new one, or one sent to this process): views of its weights, a local copy."""
         self.names, self.block = state["names"], state["block"]
-        self._setup_views()
+        self._shared = {k: torch.from_numpy(self.block["p:" + k]) for k in self.names}
+        self._local = {k: v.clone() for k, v in self._shared.items()}
 
     def publish(self, state: Mapping[str, torch.Tensor]) -> int:
         h = self.block["header"]
