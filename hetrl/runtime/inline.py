@@ -45,8 +45,7 @@ class InlineSchedule(Schedule):
     def _restart_actors(self) -> None:
         if self.actor is not None:
             self.actor.close()
-        self.actor = self.core.actor_spec(0, self.cfg.num_envs).build()
-        self.actor.load(*self.params.latest(-1))
+        self.actor = self.core.actor_spec(0, self.cfg.num_envs).build()   # (its policy loaded by _step's _refresh)
 
     def actor_envs(self) -> list[int]:
         return [self.actor.num_envs]

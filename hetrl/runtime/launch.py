@@ -12,6 +12,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hetrl.errors import HetrlError
+from hetrl.runtime.local import _context
 
 
 class _Stop:
@@ -84,8 +85,6 @@ def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, o
     written into `out`). The first group's error is raised here (the groups share their settings)."""
     if where == "ray":
         return _run_ray(target, jobs, cfg, cpus, out)
-    from hetrl.runtime.local import _context
-
     ctx = _context()
     lock, stop_at = ctx.Lock(), ctx.Value("q", -1, lock=False)
     progress = [ctx.Value("q", 0, lock=False) for _ in jobs]

@@ -127,9 +127,8 @@ class LocalSchedule(ActorsSchedule):
         self.params = SharedParameterStore(core.algo.policy_state())
         core.attach(self.params)
         rows = lay.chunk + cfg.n_step * lay.envs_per_actor
-        self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
+        self._staging = [[SharedArrays({k: ((rows, *s), d) for k, (s, d) in spec.items()}) for _half in (0, 1)]
                          for _ in range(lay.actors)]
-        self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
         # sampled groups of batches (an on-policy rollout is learned in the learner core's phase instead)
         self._batches = None if core.rollout else BatchGroups(self.replay, spec, cfg.batch_size, lay.group,
                                                               preallocate=cfg.system.preallocate and on_cpu)
@@ -301,7 +300,7 @@ class LocalSchedule(ActorsSchedule):
     def _insert(self, h: _Handle, half: int, rows: int, steps: int, version: int, busy: float) -> None:
         t0 = time.perf_counter()
         if rows:
-            view = self._views[h.index][half]
+            view = self._staging[h.index][half].arrays
             self.core.insert(self.replay, {k: v[:rows] for k, v in view.items()}, h.index)
         h.outstanding.pop((h.index, half), None)
         self.core.returned((h.index, half))
@@ -347,7 +346,7 @@ class LocalSchedule(ActorsSchedule):
         self.core.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        for block in (*self._staging, self.params.block, self._ring):
+        for block in (*(b for halves in self._staging for b in halves), self.params.block, self._ring):
             if block is not None:
                 block.close()  # our descriptors; the mappings (and the replay) stay valid
         self._finalizer.detach()

@@ -64,8 +64,8 @@ def _die_with_parent(lifeline) -> None:
 
 
 def actor_main(spec, staging, params, one_thread: bool, ctrl, data, lifeline) -> None:
-    """Entry point of an actor process: it acts as `spec` (an ActorSpec) says, into the halves of `staging`
-    (SharedArrays of fields "0:<name>", "1:<name>"), with the weights of `params` (a SharedParameterStore)."""
+    """Entry point of an actor process: it acts as `spec` (an ActorSpec) says, into the two halves of `staging`
+    (SharedArrays), with the weights of `params` (a SharedParameterStore)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
@@ -82,7 +82,6 @@ def actor_main(spec, staging, params, one_thread: bool, ctrl, data, lifeline) ->
 def _run(actor, staging, params, ctrl, data) -> None:
     # the policy comes from the learner's algorithm object (its make_policy), so acting is the
     # algorithm's own code, and no optimizer is built here
-    halves = [{k[2:]: v for k, v in staging.arrays.items() if k.startswith(f"{h}:")} for h in (0, 1)]
     data.send(("hello", os.getpid()))
     try:
         while True:
@@ -96,7 +95,7 @@ def _run(actor, staging, params, ctrl, data) -> None:
                 actor.load_state_dict(grant[1])
                 continue
             half, n, table = grant
-            rows, steps, busy = actor.take_grant(params, n, table, out=halves[half])
+            rows, steps, busy = actor.take_grant(params, n, table, out=staging[half].arrays)
             data.send(("chunk", half, rows, steps, actor.params_version, actor.drain_episodes(), busy))
     finally:
         actor.close()

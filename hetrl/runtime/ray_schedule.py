@@ -22,6 +22,7 @@ Ray is started and stopped; a Ray the caller initialised is used as it is. docs/
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import time
@@ -86,8 +87,6 @@ def cluster_cpus() -> int:
 
 
 def _imports(module: str) -> bool:
-    import importlib
-
     try:
         importlib.import_module(module)
     except ImportError:
