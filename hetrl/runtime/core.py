@@ -680,11 +680,10 @@ class ActorsSchedule(Schedule):
     """A schedule whose actors run apart from the learner (local processes, Ray actors), cut by `lay`, one
     :class:`Slot` each (`slots`).
 
-    Reproducible (the default): phases. A phase's grants go out at once, its chunks wait to go in at its boundary
-    in actor order, and phase() returns at the boundary with the actors idle, so that evaluations and callbacks see
-    the run at the same points whatever the timing and the actors' state can be saved. Timed (reproducible=false):
-    phase() runs about PHASE_S. When the run has its env steps the actors stop (their state kept first where the
-    run saves it).
+    Reproducible (the default): phases. A phase's grants go out at once, its chunks wait to go in at its boundary in
+    actor order, and phase() returns at the boundary with the actors idle, so that evaluations and callbacks see the run
+    at the same points whatever the timing and the actors' state can be saved. Timed (reproducible=false): phase() runs
+    about PHASE_S. When the run has its env steps the actors stop (their state kept first where the run saves it).
 
     A transport provides: `_poll(timeout)` (take what the actors and the replay sent, waiting up to `timeout` for
     the first), `_grant_one(slot)` (the slot's next chunk: True when sent, None when the core grants none now,

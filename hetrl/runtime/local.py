@@ -45,10 +45,9 @@ PRELOAD = ["hetrl.runtime.local_actor", "hetrl.actors", "gymnasium"]
 
 
 def _context(warm: bool = False, preload: tuple[str, ...] = ()):
-    """The multiprocessing context for actors: forkserver (preloaded: a new actor is a fork, it imports
-    nothing) where available, else spawn.  `warm` starts the forkserver now, so its imports run while this
-    process builds the learner; `preload`: more modules it imports (the algorithm's, whose acting
-    policy the actors unpickle)."""
+    """The multiprocessing context for actors: forkserver (preloaded: a new actor is a fork, it imports nothing) where
+    available, else spawn.  `warm` starts the forkserver now, so its imports run while this process builds the learner;
+    `preload`: more modules it imports (the algorithm's, whose acting policy the actors unpickle)."""
     method = os.environ.get("HETRL_START_METHOD", "forkserver")
     if method not in mp.get_all_start_methods():
         method = "spawn"

@@ -1,5 +1,4 @@
-"""The replay-ratio policy, written once: when actors may collect, and how many gradient steps the
-learner may take now.
+"""The replay-ratio policy, written once: when actors may collect, and how many gradient steps the learner may take now.
 
 The learner core owns one (``core.ratio``); every schedule asks it and only moves what it answers. It decides
 from the core's counters (env steps inserted, granted and not yet in, transitions drawn) and:
@@ -176,12 +175,11 @@ class ReplayRatio:
 
 
 class RolloutRatio(ReplayRatio):
-    """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq =
-    n_steps x num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors
-    get the next only then, so they always act with the newest policy (no policy lag) under every schedule. A
-    run collects whole rollouts until it has its env steps, as SB3's `learn` does: the last one may pass
-    cfg.steps by up to a rollout less one vector step. `chunk`: env steps per grant (one actor's share of a
-    rollout: n_steps x its envs)."""
+    """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq = n_steps x
+    num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors get the next only
+    then, so they always act with the newest policy (no policy lag) under every schedule. A run collects whole rollouts
+    until it has its env steps, as SB3's `learn` does: the last one may pass cfg.steps by up to a rollout less one
+    vector step. `chunk`: env steps per grant (one actor's share of a rollout: n_steps x its envs)."""
 
     def __init__(self, core, chunk: int | None = None):
         cfg = core.cfg

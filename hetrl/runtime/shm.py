@@ -1,19 +1,17 @@
 """Nameless shared memory for the local schedule, and the seqlock parameter store.
 
-:class:`SharedArrays` is a group of NumPy arrays in one block of shared memory that has
-*no name in any file system*: it is a ``memfd_create`` file (Linux), or, where that call is
-missing, a file in /dev/shm (or the temp dir) that is unlinked right after it is opened.  The
-block lives as long as some process holds its file descriptor or a mapping of it, so nothing
-can be left behind in /dev/shm whatever happens to the processes (SIGKILL included), and no
-resource tracker is involved.  Children get the block as a ``Process`` argument: pickling
-passes the descriptor itself (``multiprocessing.reduction.DupFd``: ``pass_fds`` under spawn,
-SCM_RIGHTS to the forkserver, multiprocessing's resource sharer over a Connection).
+:class:`SharedArrays` is a group of NumPy arrays in one block of shared memory that has *no name in any file system*: it
+is a ``memfd_create`` file (Linux), or, where that call is missing, a file in /dev/shm (or the temp dir) that is
+unlinked right after it is opened.  The block lives as long as some process holds its file descriptor or a mapping of
+it, so nothing can be left behind in /dev/shm whatever happens to the processes (SIGKILL included), and no resource
+tracker is involved.  Children get the block as a ``Process`` argument: pickling passes the descriptor itself
+(``multiprocessing.reduction.DupFd``: ``pass_fds`` under spawn, SCM_RIGHTS to the forkserver, multiprocessing's resource
+sharer over a Connection).
 
-:class:`SharedParameterStore` keeps versioned weights in a :class:`SharedArrays` with a seqlock: the
-writer makes the sequence counter odd, writes, stores the version and makes the counter even
-again; a reader copies the weights and keeps them only if the counter was even and unchanged
-across the copy.  Neither side ever waits: a torn read is dropped and retried at the reader's
-next look (x86-64 keeps stores in order and loads in order, which is all this needs).
+:class:`SharedParameterStore` keeps versioned weights in a :class:`SharedArrays` with a seqlock: the writer makes the
+sequence counter odd, writes, stores the version and makes the counter even again; a reader copies the weights and keeps
+them only if the counter was even and unchanged across the copy.  Neither side ever waits: a torn read is dropped and
+retried at the reader's next look (x86-64 keeps stores in order and loads in order, which is all this needs).
 """
 
 from __future__ import annotations

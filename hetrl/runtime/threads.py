@@ -1,19 +1,17 @@
 """The learner's threads follow the machine's load, during the run.
 
-A multi-threaded CPU learner (libgomp's spinning OpenMP threads) is faster on cores of its own
-(about 1.3x with two threads), and collapses (an order of magnitude slower) when another
-CPU-bound process takes one of those cores: its threads wait at every barrier for a thread the
-OS descheduled. The planner sees the free cores once, at the start; this governor keeps looking.
-Every `interval_s` it reads /proc/stat (the machine's busy time) and this process's own CPU time:
-their difference is the cores other processes use. As soon as they use more than `busy` cores,
-the learner drops to the cores left (one at least); when they have left for two readings in a row,
-it returns to the planned count. Without /proc/stat it does nothing.
+A multi-threaded CPU learner (libgomp's spinning OpenMP threads) is faster on cores of its own (about 1.3x with two
+threads), and collapses (an order of magnitude slower) when another CPU-bound process takes one of those cores: its
+threads wait at every barrier for a thread the OS descheduled. The planner sees the free cores once, at the start; this
+governor keeps looking. Every `interval_s` it reads /proc/stat (the machine's busy time) and this process's own CPU
+time: their difference is the cores other processes use. As soon as they use more than `busy` cores, the learner drops
+to the cores left (one at least); when they have left for two readings in a row, it returns to the planned count.
+Without /proc/stat it does nothing.
 
-It changes the thread count only where the learner's kernel gives the same results on any count
-(`Kernel.threads_exact`, hetrl/kernels/kernel.py; `exact` here): elsewhere a count changed mid-run
-would change what the agent learns, so the learner keeps the count it started with (chosen before the
-first update by the plan). The planner's run-time correction (hetrl/planner/follow.py) moves the
-planned count itself with `replan`, under the same rule.
+It changes the thread count only where the learner's kernel gives the same results on any count (`Kernel.threads_exact`,
+hetrl/kernels/kernel.py; `exact` here): elsewhere a count changed mid-run would change what the agent learns, so the
+learner keeps the count it started with (chosen before the first update by the plan). The planner's run-time correction
+(hetrl/planner/follow.py) moves the planned count itself with `replan`, under the same rule.
 """
 
 from __future__ import annotations
