@@ -525,7 +525,7 @@ class Schedule(abc.ABC):
     """A transport of the training protocol around one :class:`LearnerCore`.
 
     Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer or a handle with
-    ``state_dict/load_state_dict/__len__``) and implement `_step`, `done`, `close` and `_restart_actors` (after a
+    ``state_dict/load_state_dict/__len__``) and implement `_step`, `done`, `_close` and `_restart_actors` (after a
     checkpoint is loaded). Use it as a context manager, or call `close()`: it stops every process, Ray actor and
     shared block the schedule started."""
 
@@ -574,9 +574,15 @@ class Schedule(abc.ABC):
     def done(self) -> bool:
         """Whether the run has collected its env steps and learned what it owes."""
 
-    @abc.abstractmethod
     def close(self) -> None:
-        """Stop everything this schedule started; idempotent."""
+        """Stop everything this schedule started (its `_close`, once)."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """What close() stops: the transport's actors, servers and shared blocks, and its learner cores."""
 
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
@@ -642,18 +648,14 @@ class Schedule(abc.ABC):
             replay = dict(state["replay"])
             actors = replay.pop("actors", None)
             self.replay.load_state_dict(replay)
-        if actors is None:   # no replay saved: a resume that is not exact, as asked
-            self._restart_actors()
-            return
-        why = actors.get("unsaved")
-        if why is None and actors.get("envs") != self.actor_envs():
-            why = f"they were {_actors(actors.get('envs'))}, this run's are {_actors(self.actor_envs())}"
-        if why is None:
+        if actors is not None and "unsaved" not in actors and actors.get("envs") == self.actor_envs():
             self._load_actors([{"pickle": p} for p in actors["actors"]])
             return
-        self._restart_actors()
-        if not Schedule._said_actors:
+        self._restart_actors()   # new episodes (without a saved replay: a resume that is not exact, as asked)
+        if actors is not None and not Schedule._said_actors:
             Schedule._said_actors = True   # once per process (a population's members share the reason)
+            why = actors.get("unsaved") or (f"they were {_actors(actors.get('envs'))}, this run's are "
+                                            f"{_actors(self.actor_envs())}")
             print(f"hetrl: resuming without the actors' state ({why}): the actors start new episodes, so the "
                   "run leaves the path of one that never stopped", file=sys.stderr, flush=True)
 

@@ -94,10 +94,7 @@ class InlineSchedule(Schedule):
     def done(self) -> bool:
         return self.core.ratio.finished(len(self.replay))
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         if self.actor is not None:
             self.actor.close()
         for core in self.cores:

@@ -337,10 +337,7 @@ class LocalSchedule(ActorsSchedule):
         return {**super().transport_figures(), "optimisations": {k: self.cfg.get(k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         _shutdown(self.slots)
         self.core.close()
         if self._pool is not None:

@@ -178,7 +178,7 @@ class MemberSchedule(Schedule):
     def done(self) -> bool:
         return self.c.env_steps >= self.core.cfg.steps
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self.population.close()
 
     def actors_state(self) -> dict:
@@ -298,7 +298,7 @@ class PopulationSchedule(InlineSchedule):
             view.replay = None
         give_back_freed_memory()
 
-    def close(self) -> None:
-        if self._pool is not None and not self._closed:
+    def _close(self) -> None:
+        if self._pool is not None:
             self._pool.shutdown(wait=True)
-        super().close()
+        super()._close()

@@ -301,10 +301,7 @@ class RaySchedule(ActorsSchedule):
                     ray.kill(s.handle, no_restart=True)
                 s.handle, s.outstanding = None, {}
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         self._stop_actors()
         if getattr(self, "core", None) is not None:
             self.core.close()

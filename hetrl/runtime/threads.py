@@ -51,11 +51,9 @@ class ThreadGovernor:
         # the clock alone decides whether to look again: reading and parsing /proc/stat on every learner
         # call would cost a visible share of a small network's update
         self.clock = (lambda: self.read()[0]) if read is not None else time.perf_counter
-        self.threads = planned
-        self.changes = 0
-        self.min_threads = planned
+        self.threads = self.min_threads = planned
+        self.changes = self._calm = 0
         self._last = self.read() if planned > 1 else None
-        self._calm = 0
         self.spent: dict[int, list] = {}   # threads -> [learner seconds, gradient steps] at that count
 
     def record(self, seconds: float, steps: int) -> None:
