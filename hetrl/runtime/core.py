@@ -317,8 +317,12 @@ class LearnerCore:
     def learn(self, stack: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One learner call: weights.shape[0] gradient steps on stacked batches; returns |TD| (K, B)."""
         self.governor.tick()
-        if self.lr_at is not None:
-            self.schedule_lr()
+        # the optimizers' learning rate from `lr_at` at the run's progress remaining (as SB3 computes it before each
+        # training call), set only when it changed
+        lr = float(self.lr_at(self.progress_remaining())) if self.lr_at is not None else self._lr
+        if lr != self._lr:
+            self.algo.set_lr(lr)
+            self._lr = lr
         t0 = time.perf_counter()
         before = self.algo.updates
         td = self.kernel.learn(stack, weights)
@@ -416,14 +420,6 @@ class LearnerCore:
         c.phases += 1
         if c.gradient_steps - self._published_at >= self.publish_every:
             self.publish(changed_only=True)
-
-    def schedule_lr(self) -> None:
-        """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3
-        computes it before each training call); set only when it changed."""
-        lr = float(self.lr_at(self.progress_remaining()))
-        if lr != self._lr:
-            self.algo.set_lr(lr)
-            self._lr = lr
 
     def publish(self, changed_only: bool = False) -> None:
         """The policy's weights to the parameter store, as the next version. `changed_only`: not when the
