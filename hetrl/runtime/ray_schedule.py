@@ -230,7 +230,7 @@ class RaySchedule(ActorsSchedule):
             for ref in ready:
                 s.outstanding.pop(ref)
                 try:
-                    steps, rows, version, episodes, busy, counters = ray.get(ref)
+                    steps, version, episodes, busy, counters = ray.get(ref)
                 except ray.exceptions.RayActorError as e:   # a new actor (Ray places it wherever there are CPUs)
                     self.core.returned(ref)
                     self._replace(s, f"actor {s.index} died ({e.__class__.__name__})")
