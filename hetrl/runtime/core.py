@@ -733,7 +733,8 @@ class ActorsSchedule(Schedule):
     def done(self) -> bool:
         if self._finished:
             return True
-        if not self._all_in():
+        # every env step is in and the learner learned what the ratio owes, drawn groups too
+        if self._drawing() or not self.core.ratio.finished(len(self.replay) if self.replay_here else None):
             return False
         if self.keep_actors_state and self._phased:   # idle: every env step is in
             self._open = False
@@ -745,10 +746,6 @@ class ActorsSchedule(Schedule):
     def _allowed(self) -> int:
         """Batches the learner may draw now: the core's replay ratio decides."""
         return self.core.ratio.allowed(len(self.replay) if self.replay_here else None)
-
-    def _all_in(self) -> bool:
-        """Every env step is in and the learner learned what the ratio owes, drawn groups too."""
-        return self.core.ratio.finished(len(self.replay) if self.replay_here else None) and not self._drawing()
 
     def _at_boundary(self) -> bool:
         """Every chunk of the phase arrived and the learner drew and learned what it owes."""

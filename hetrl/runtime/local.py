@@ -174,9 +174,7 @@ class LocalSchedule(ActorsSchedule):
 
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
-        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
-        data_r, data_w = ctx.Pipe(duplex=False)
-        life_r, life_w = ctx.Pipe(duplex=False)
+        (ctrl_r, ctrl_w), (data_r, data_w), (life_r, life_w) = (ctx.Pipe(duplex=False) for _ in range(3))
         spec = self.core.actor_spec(h.index, self.lay.envs_per_actor)
         proc = ctx.Process(target=actor_main, args=(spec, self._staging[h.index], self.params,
                                                     self.cfg.system.actor_one_thread, ctrl_r, data_w, life_r),

@@ -129,7 +129,6 @@ class RaySchedule(ActorsSchedule):
 
     def __init__(self, cfg: Config, env: EnvSpec):
         self.cfg, self.env = cfg, env
-        self.slots: list[_Slot] = []
         self.servers: list = []
         connect(cfg)
         if cfg.system.env_backend == "envpool" and (lacking := nodes_lacking("envpool")):
@@ -139,9 +138,8 @@ class RaySchedule(ActorsSchedule):
         lay = layout(cfg, cores=cluster_cpus())
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
-        local = os.cpu_count() or 1
-        self.lay = lay = replace(lay, learner_threads=cfg.system.threads or max(1, min(local - lay.actors,
-                                                                                 lay.learner_threads)))
+        threads = cfg.system.threads or max(1, min((os.cpu_count() or 1) - lay.actors, lay.learner_threads))
+        self.lay = lay = replace(lay, learner_threads=threads)
         if cfg.system.replay_shards > lay.actors:
             self.close()
             raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
@@ -167,7 +165,7 @@ class RaySchedule(ActorsSchedule):
                                               **self.core.ratio.server_rule(S))
             self.servers = self.replay.handles
         self.core.attach(self.params)
-        self.slots = [_Slot(i) for i in range(lay.actors)]
+        self.slots: list[_Slot] = [_Slot(i) for i in range(lay.actors)]
         self._start_actors()
         self.startup_s = time.perf_counter() - t0
 
