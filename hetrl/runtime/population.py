@@ -185,7 +185,7 @@ class MemberSchedule(Schedule):
         return {"unsaved": "a population's actors are not saved"}
 
     def _restart_actors(self) -> None:
-        self.population.stale = True   # every member loaded: one new actor at the next phase
+        self.population.stale = True   # (every member is loaded before the next phase)
 
 
 class PopulationSchedule(InlineSchedule):
@@ -195,6 +195,7 @@ class PopulationSchedule(InlineSchedule):
     Its counters are member 0's (every member steps alike); `views` are the members as schedules of their own."""
 
     stacked = True
+    stale = False                  # the members were loaded: one new actor at the next phase
 
     def __init__(self, members: list[Member], env, lanes: int = 0, spec: dict | None = None):
         if not members:
@@ -208,7 +209,6 @@ class PopulationSchedule(InlineSchedule):
             for core in cores:
                 core.close()
             raise
-        self.stale = False
         self._setup(cores)
         self.views = [MemberSchedule(self, i) for i in range(len(self.cores))]
         self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(self.cores)))

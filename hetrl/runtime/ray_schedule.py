@@ -282,10 +282,8 @@ class RaySchedule(ActorsSchedule):
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def _error(self, e: Exception, where: str) -> Exception:
-        cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
-        if isinstance(cause, UsageError):
-            return UsageError(str(cause))
-        # an actor that failed in its constructor (a bad setting) dies with the error as text only
+        """A one-line hetrl error where the actor raised one (its traceback's last line: an actor that failed in its
+        constructor, a bad setting, dies with the error as text only), else HetrlError."""
         for kind in (UsageError, NonFiniteError):
             said = re.search(rf"hetrl\.errors\.{kind.__name__}: (.+)", str(e))
             if said:
