@@ -557,7 +557,7 @@ class Schedule(abc.ABC):
         rollout = self.core.ratio.base if self.core.rollout else None
         while not self.done():
             self._step()
-            if self.core.ratio.base != rollout if rollout is not None else time.perf_counter() >= t_end:
+            if (self.core.ratio.base != rollout) if rollout is not None else (time.perf_counter() >= t_end):
                 break
         eps, self._episodes = self._episodes, []
         return eps
