@@ -181,8 +181,7 @@ class LearnerCore:
             # the minibatches' shuffle: the run's own generator (checkpointed), whatever else runs in the process
             self.shuffle_rng = torch.Generator().manual_seed(cfg.seed + 0x5F3759DF)
         else:
-            self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
-                          else ReplayRatio.overlapped(self, lay, servers))
+            self.ratio = ReplayRatio.of(self, lay, phased, servers)
         # gradient steps between publications (phases publish at their boundaries only, a rollout at its end)
         self.publish_every = (UNBOUNDED if phased or self.rollout
                               else max(1, cfg.system.publish_interval * grads_per_phase(cfg)))
@@ -699,12 +698,8 @@ class ActorsSchedule(Schedule):
     _final: dict | None = None           # the actors' state when the run finished (keep_actors_state)
     startup_s = 0.0
 
-    @property
-    def _phased(self) -> bool:
-        return self.core.ratio.phased
-
     def phase(self) -> list[tuple[float, int]]:
-        if self._phased and not self._closed:
+        if self.core.ratio.phased and not self._closed:
             if not self._open and not self.done():   # every actor granted its chunk of the phase
                 self._open = True
                 for s in self.slots:
@@ -719,13 +714,13 @@ class ActorsSchedule(Schedule):
 
     def _step(self) -> None:
         self._poll(0.0)
-        if self._phased and self._at_boundary():
+        if self.core.ratio.phased and self._at_boundary():
             # the learner's policy is published (the next phase acts with it: one phase behind the learner)
             self.core.publish(changed_only=True)
             self._insert_phase()
             self._open = False
             return
-        if not self._phased:
+        if not self.core.ratio.phased:
             self._grant()
         if not self._learn_step():
             self._poll(self.PHASE_S)
@@ -736,7 +731,7 @@ class ActorsSchedule(Schedule):
         # every env step is in and the learner learned what the ratio owes, drawn groups too
         if self._drawing() or not self.core.ratio.finished(len(self.replay) if self.replay_here else None):
             return False
-        if self.keep_actors_state and self._phased:   # idle: every env step is in
+        if self.keep_actors_state and self.core.ratio.phased:   # idle: every env step is in
             self._open = False
             self._final = self.actors_state()
         self._finished = True
@@ -825,7 +820,7 @@ class ActorsSchedule(Schedule):
             raise HetrlError(f"{what}, restart {n}: giving up")
         print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
         self._spawn(slot)
-        if self._phased and self._open:
+        if self.core.ratio.phased and self._open:
             self._grant_one(slot)
 
     def _restart_actors(self) -> None:
@@ -842,7 +837,7 @@ class ActorsSchedule(Schedule):
 
     def actors_state(self) -> dict:
         """At a phase boundary every actor is idle: each is asked for its state (`_ask_states`)."""
-        if not self._phased:
+        if not self.core.ratio.phased:
             if self.core.rollout:
                 return {"unsaved": "an on-policy run's actors are not saved under this schedule"}
             return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}

@@ -249,10 +249,7 @@ class LocalSchedule(ActorsSchedule):
     # messages -----------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
         """Handle every message and exit that is ready; wait up to `timeout` for the first."""
-        waitables = {}
-        for h in self.slots:
-            if h.proc is not None:
-                waitables.update({h.data: h, h.proc.sentinel: h})
+        waitables = {w: h for h in self.slots if h.proc is not None for w in (h.data, h.proc.sentinel)}
         if not waitables:
             return
         t0 = time.perf_counter()
@@ -277,7 +274,7 @@ class LocalSchedule(ActorsSchedule):
         kind = msg[0]
         if kind == "chunk":
             _, half, rows, steps, version, episodes, busy = msg
-            if self._phased:   # in from its staging half at the phase boundary, in actor order
+            if self.core.ratio.phased:   # in from its staging half at the phase boundary, in actor order
                 h.chunk = (half, rows, steps, version, busy)
                 h.outstanding.pop((h.index, half), None)
             else:

@@ -26,8 +26,7 @@ UNBOUNDED = 1 << 62
 
 
 class ReplayRatio:
-    """The ratio of one run, over the counters of its learner core: :meth:`alternating`, :meth:`overlapped` or
-    :meth:`phased`."""
+    """The ratio of one run, over the counters of its learner core (:meth:`of`)."""
 
     def __init__(self, core, *, spi: float, min_size: int, group: int | None = None, chunk: int = 0,
                  error_buffer: float | None = None, rate_limit: bool = True, overlap: bool = False,
@@ -38,7 +37,7 @@ class ReplayRatio:
         self.group = group or UNBOUNDED          # batches per learner call at most
         self.chunk = chunk                       # env steps per grant
         self.rate_limit, self.overlap, self.servers = rate_limit, overlap, servers
-        self.phased = phased                     # grants and inserts at phase boundaries only (phased())
+        self.phased = phased                     # grants and inserts at phase boundaries only
         self.error_buffer = error_buffer
         self.rule = None if error_buffer is None else RatioRule.from_error_buffer(spi, min_size, error_buffer)
         self.prioritized, self.priority_lag = bool(cfg.prioritized), int(cfg.priority_lag)
@@ -51,31 +50,25 @@ class ReplayRatio:
         return self.core.cfg.steps
 
     @classmethod
-    def alternating(cls, core) -> "ReplayRatio":
-        """One process that acts, then learns all it owes (the inline schedule): no lead, no window; uniform
-        replay in one group, prioritised in the groups every schedule draws (layout.group_size)."""
+    def of(cls, core, lay=None, phased: bool = False, servers: int = 0) -> "ReplayRatio":
+        """The ratio of `core`'s run. Alternating (`lay` None: one process that acts, then learns all it owes, the
+        inline schedule): no lead, no window; uniform replay in one group, prioritised in the groups every schedule
+        draws (layout.group_size). Phased (a reproducible run cut by layout `lay`; ActorsSchedule): between boundaries
+        the learner draws, from the replay as it stood at the boundary, what the ratio owes for the env steps in (as
+        inline: no lead), while the actors collect. Else overlapped: actors and learner at the same time, under the
+        rule; `servers`: replay servers that sample under their own copy of it (ray), 0 when the learner samples."""
         cfg = core.cfg
-        group = group_size(grads_per_phase(cfg), True, cfg.priority_lag) if cfg.prioritized else None
-        return cls(core, spi=cfg.replay_ratio * cfg.batch_size, min_size=max(cfg.learning_starts, cfg.batch_size),
-                   group=group)
-
-    @classmethod
-    def overlapped(cls, core, lay, servers: int = 0) -> "ReplayRatio":
-        """Actors and learner at the same time, cut by layout `lay` (runtime/layout.py); `servers`:
-        replay servers that sample under their own copy of the rule (ray), 0 when the learner samples."""
-        cfg = core.cfg
+        if lay is None:
+            group = group_size(grads_per_phase(cfg), True, cfg.priority_lag) if cfg.prioritized else None
+            return cls(core, spi=cfg.replay_ratio * cfg.batch_size, min_size=max(cfg.learning_starts, cfg.batch_size),
+                       group=group)
+        if phased:
+            return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
         error_buffer = lay.error_buffer
         if servers:   # remote actors: the window must hold every actor's chunk plus one group, or both sides wait
             error_buffer = max(error_buffer, lay.spi * lay.actors * lay.chunk + lay.group * cfg.batch_size)
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk,
                    error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap, servers=servers)
-
-    @classmethod
-    def phased(cls, core, lay) -> "ReplayRatio":
-        """Actors and learner at the same time, in phases (a reproducible run, cut by layout `lay`; ActorsSchedule):
-        between boundaries the learner draws, from the replay as it stood at the boundary, what the ratio owes for
-        the env steps in (as inline: no lead), while the actors collect."""
-        return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
 
     # ---- the insert side -------------------------------------------------------------------------
     def to_collect(self) -> tuple[int, int]:

@@ -196,7 +196,7 @@ class RaySchedule(ActorsSchedule):
         grant = self.core.next_grant(self.lay.envs_per_actor)
         if grant is None:
             return None
-        ref = s.handle.collect.remote(grant[0], grant[1], self.params, self._phased)
+        ref = s.handle.collect.remote(grant[0], grant[1], self.params, self.core.ratio.phased)
         s.outstanding[ref] = grant[0]
         self.core.granted(ref, grant[0])
         return True
@@ -236,7 +236,7 @@ class RaySchedule(ActorsSchedule):
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
                     raise self._error(e, f"(actor {s.index})") from None
-                if self._phased:   # staged at its server: counted at the boundary, in actor order
+                if self.core.ratio.phased:   # staged at its server: counted at the boundary, in actor order
                     s.chunk = (ref, steps, version, episodes, busy)
                 elif self.core.rollout:   # `counters` is the chunk itself (no replay server)
                     self.core.insert(self.replay, counters, s.index)
