@@ -264,9 +264,8 @@ class LearnerCore:
     def inserted(self, steps: int, version: int | None = None, busy_s: float = 0.0) -> None:
         """`steps` env steps reached the replay, collected with parameters `version`."""
         c = self.c
-        before = c.env_steps
         c.env_steps += steps
-        self.algo.on_env_steps(before, c.env_steps)
+        self.algo.on_env_steps(c.env_steps - steps, c.env_steps)
         c.acting_s += busy_s
         if version is not None:
             c.staleness_sum += (c.params_version - version) * steps
@@ -294,9 +293,7 @@ class LearnerCore:
 
     def returned(self, key) -> None:
         """The chunk of grant `key` is in (or was lost with its actor: its env steps are granted again)."""
-        got = self._in_flight.pop(key, None)
-        if got is not None:
-            self.reserved -= got[1]
+        self.reserved -= self._in_flight.pop(key, (None, 0))[1]
 
     def lag_room(self, planned: int) -> int:
         """Gradient steps the learner may still plan (`planned`: gradient steps done or already drawn)

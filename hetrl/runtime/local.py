@@ -304,10 +304,9 @@ class LocalSchedule(ActorsSchedule):
 
     def _on_exit(self, h: _Handle) -> None:
         self._read(h)  # chunks it finished before it died are good data
-        proc = h.proc
+        proc, h.proc = h.proc, None
         proc.join(0.1)
         code = proc.exitcode
-        h.proc = None
         h.close_pipes()
         if h.stopping or self._closed:
             for key in h.outstanding:
