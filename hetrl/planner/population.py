@@ -1,14 +1,13 @@
 """How a population's members are grouped into processes and lanes (a member is never split).
 
-A member's step is acting (its envs, its policy, its replay's inserts: Python, holding the GIL) and then its
-learner's phase. On a CPU with several cores the members are split into one group per core, each a process
-(local) or a Ray task (ray): every part of a member's step then runs on its own core, and within a group the
-members' envs step as one vector env with one policy call per step for all of them. One process with the
-members' phases as lanes over the cores (the compiled CPU kernel: its numba phase runs without the GIL, and
-numba's OpenMP or TBB threading layer takes launches from several threads at once) parallelises only the
-learner's share: acting stays on one core. That one process is what `--schedule inline` pins: it holds one
-copy of the process's fixed memory (the interpreter, torch) instead of one per group. A GPU learner takes every
-member in one process (its phases queue on the device).
+A member's step is acting (its envs, its policy, its replay's inserts: Python, holding the GIL) and then its learner's
+phase. On a CPU with several cores the members are split into one group per core, each a process (local) or a Ray task
+(ray): every part of a member's step then runs on its own core, and within a group the members' envs step as one vector
+env with one policy call per step for all of them. One process with the members' phases as lanes over the cores (the
+compiled CPU kernel: its numba phase runs without the GIL, and numba's OpenMP or TBB threading layer takes launches from
+several threads at once) parallelises only the learner's share: acting stays on one core. That one process is what
+`--schedule inline` pins: it holds one copy of the process's fixed memory (the interpreter, torch) instead of one per
+group. A GPU learner takes every member in one process (its phases queue on the device).
 """
 
 from __future__ import annotations

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import numpy as np
+import torch
 
 from hetrl.errors import UsageError
 from hetrl.replay.buffer import ReplayBuffer
@@ -222,9 +224,25 @@ class ShardedReplay:
 
     def request(self, batches: int, batch_size: int, beta: float | None, timeout: float) -> tuple:
         """Ask the next shard for `batches` batches, after the priorities sent to it: (shard, ObjectRef of
-        ReplayServer.sample's answer; None if its rate limiter held it: set `next` to the shard to ask it again)."""
+        ReplayServer.sample's answer, read by `answer`)."""
         shard, self.next = self.next, (self.next + 1) % len(self.handles)
         return shard, self.handles[shard].sample.remote(batches, batch_size, beta, timeout, self.prio_sent[shard])
+
+    def answer(self, shard: int, ref) -> tuple | None:
+        """The answer to `request` (`ref`, ready): (stack, keys, weights) as tensors over the arrays in Ray's object
+        store (read-only memory: the learner only reads them) and the shard's insert count; None where its rate
+        limiter held it (the same shard is asked next)."""
+        import ray
+
+        got = ray.get(ref)
+        if got is None:
+            self.next = shard
+            return None
+        stack, keys, weights, counters = got
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
+            stack, weights = {k: torch.from_numpy(v) for k, v in stack.items()}, torch.from_numpy(weights)
+        return stack, keys, weights, counters["inserts"]
 
     def update_priorities(self, shard: int, keys: np.ndarray, td: np.ndarray) -> None:
         import ray

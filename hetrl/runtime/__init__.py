@@ -3,19 +3,15 @@ where a run goes (launch.py: this process, or groups in processes or Ray tasks).
 
 from __future__ import annotations
 
+import importlib
+
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
 
+# cfg.system.schedule -> its module and class, imported when used (ray_schedule imports Ray)
+SCHEDULES = {"inline": "inline.InlineSchedule", "local": "local.LocalSchedule", "ray": "ray_schedule.RaySchedule"}
+
 
 def make_schedule(cfg: Config, env: EnvSpec):
-    if cfg.system.schedule == "local":  # actor processes + learner process (hetrl/runtime/local.py)
-        from hetrl.runtime.local import LocalSchedule
-
-        return LocalSchedule(cfg, env)
-    if cfg.system.schedule == "ray":  # actors and a replay server on a Ray cluster (hetrl/runtime/ray_schedule.py)
-        from hetrl.runtime.ray_schedule import RaySchedule
-
-        return RaySchedule(cfg, env)
-    from hetrl.runtime.inline import InlineSchedule
-
-    return InlineSchedule(cfg, env)
+    module, cls = SCHEDULES[cfg.system.schedule].split(".")
+    return getattr(importlib.import_module(f"hetrl.runtime.{module}"), cls)(cfg, env)

@@ -8,9 +8,6 @@ PER beta annealing; the actors' seeds and the restart policy of actors that die;
 checked), publishing; one checkpoint format (a run resumes under any schedule) and one set of figures. An
 on-policy algorithm (``storage = "rollout"``) has a rollout storage, the rollout rule (ratio.RolloutRatio) and
 the learner phase of a rollout (:meth:`LearnerCore.learn_rollout`) in place of the replay's.
-
-:class:`Schedule` is the interface every transport implements:
-``phase() / done() / figures() / state_dict() / load_state_dict() / close()``, a context manager.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import operator
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -127,18 +125,7 @@ class Counters:
     lag_sum: float = 0.0           # sum over inserted env steps of the policy lag in gradient steps
     lag_max: int = 0               # the largest policy lag (gradient steps) of an inserted chunk
     restarts: int = 0
-    insert_messages: int = 0
     params_version: int = 0
-
-
-@dataclass(frozen=True)
-class LinearLR:
-    """lr x progress remaining (rl-zoo's lin_X); picklable."""
-
-    lr: float
-
-    def __call__(self, progress_remaining: float) -> float:
-        return self.lr * progress_remaining
 
 
 class LearnerCore:
@@ -178,7 +165,6 @@ class LearnerCore:
         self._use_kernel(self.kernel_choice)
         self.c = Counters()
         self.params: ParameterStore | None = None
-        self.publish_every = max(1, cfg.system.publish_interval * grads_per_phase(cfg))
         self._published_at = 0
         self._changes_published: int | None = None       # the algorithm's policy_changes() then (publish)
         self._version_at: dict[int, int] = {}            # published version -> gradient steps then
@@ -192,21 +178,21 @@ class LearnerCore:
         self.max_lag = lay.max_lag if lay is not None and not phased and not self.rollout else 0   # (0: none)
         if self.rollout:
             self.ratio = RolloutRatio(self, lay.chunk if lay is not None else None)
-            self.publish_every = UNBOUNDED   # a rollout's phase publishes once, at its end
             # the minibatches' shuffle: the run's own generator (checkpointed), whatever else runs in the process
             self.shuffle_rng = torch.Generator().manual_seed(cfg.seed + 0x5F3759DF)
-            self.rollout_stats: dict[str, float] = {}
-            self._ones: dict[tuple, torch.Tensor] = {}
         else:
-            self.ratio = (ReplayRatio.alternating(self) if lay is None else ReplayRatio.phased(self, lay) if phased
-                          else ReplayRatio.overlapped(self, lay, servers))
-        self.hold_publish = phased   # phases: the schedule publishes at the boundaries only
-        self.restarts: dict[int, int] = {}   # actor -> times it was replaced (actor_died)
+            self.ratio = ReplayRatio.of(self, lay, phased, servers)
+        # gradient steps between publications (phases publish at their boundaries only, a rollout at its end)
+        self.publish_every = (UNBOUNDED if phased or self.rollout
+                              else max(1, cfg.system.publish_interval * grads_per_phase(cfg)))
+        self.restarts: dict[int, int] = {}   # actor -> times it was replaced (ActorsSchedule._replace)
+        self.rollout_stats: dict[str, float] = {}   # the last rollout's figures (on-policy)
         self._t0: float | None = None
         # the learning rate as a function of the run's progress remaining (1 -> 0), set before each learner
-        # call; None: the optimizers keep theirs. cfg.lr_schedule sets it; a front end may set any function
-        # (the SB3-style classes' callable learning_rate)
-        self.lr_at: Callable[[float], float] | None = LinearLR(cfg.lr) if cfg.lr_schedule == "linear" else None
+        # call; None: the optimizers keep theirs. cfg.lr_schedule sets it (linear: lr x progress remaining, rl-zoo's
+        # lin_X); a front end may set any function (the SB3-style classes' callable learning_rate)
+        self.lr_at: Callable[[float], float] | None = (functools.partial(operator.mul, cfg.lr)
+                                                       if cfg.lr_schedule == "linear" else None)
         self._lr: float | None = None
         self.learn_mark: tuple[float, int] | None = None   # (wall_s, env_steps) at this process's first update
         self._contract_checked = False                     # learn()'s contract, checked on the first call
@@ -278,11 +264,9 @@ class LearnerCore:
     def inserted(self, steps: int, version: int | None = None, busy_s: float = 0.0) -> None:
         """`steps` env steps reached the replay, collected with parameters `version`."""
         c = self.c
-        before = c.env_steps
         c.env_steps += steps
-        self.algo.on_env_steps(before, c.env_steps)
+        self.algo.on_env_steps(c.env_steps - steps, c.env_steps)
         c.acting_s += busy_s
-        c.insert_messages += 1
         if version is not None:
             c.staleness_sum += (c.params_version - version) * steps
             c.staleness_steps += steps
@@ -309,9 +293,7 @@ class LearnerCore:
 
     def returned(self, key) -> None:
         """The chunk of grant `key` is in (or was lost with its actor: its env steps are granted again)."""
-        got = self._in_flight.pop(key, None)
-        if got is not None:
-            self.reserved -= got[1]
+        self.reserved -= self._in_flight.pop(key, (None, 0))[1]
 
     def lag_room(self, planned: int) -> int:
         """Gradient steps the learner may still plan (`planned`: gradient steps done or already drawn)
@@ -319,24 +301,6 @@ class LearnerCore:
         if not self._in_flight or not self.max_lag:
             return UNBOUNDED
         return min(at for at, _ in self._in_flight.values()) + self.max_lag - planned
-
-    def actor_died(self, index: int, what: str, give_up, lost=(), starting: bool = False, hint: str = "") -> None:
-        """Actor `index` died (`what`: "actor 1 (pid 42) exited with code 1"); `lost`: its grants in flight,
-        whose env steps are granted again. One that dies while starting ends the run (`give_up()`, the
-        schedule's close, then HetrlError): a new one would die the same way. Otherwise it is counted: past
-        MAX_RESTARTS of this actor the run gives up, else the schedule starts a new one (actor_spec gives it new
-        seeds)."""
-        for key in lost:
-            self.returned(key)
-        if starting:
-            give_up()
-            raise HetrlError(f"{what} while starting; its error is printed above{hint}")
-        n = self.restarts[index] = self.restarts.get(index, 0) + 1
-        self.c.restarts += 1
-        if n > MAX_RESTARTS:
-            give_up()
-            raise HetrlError(f"{what}, restart {n}: giving up")
-        print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
 
     def beta(self) -> float | None:
         """PER's importance-sampling exponent, annealed linearly from per_beta to 1 over the run."""
@@ -349,8 +313,12 @@ class LearnerCore:
     def learn(self, stack: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """One learner call: weights.shape[0] gradient steps on stacked batches; returns |TD| (K, B)."""
         self.governor.tick()
-        if self.lr_at is not None:
-            self.schedule_lr()
+        # the optimizers' learning rate from `lr_at` at the run's progress remaining (as SB3 computes it before each
+        # training call), set only when it changed
+        lr = float(self.lr_at(self.progress_remaining())) if self.lr_at is not None else self._lr
+        if lr != self._lr:
+            self.algo.set_lr(lr)
+            self._lr = lr
         t0 = time.perf_counter()
         before = self.algo.updates
         td = self.kernel.learn(stack, weights)
@@ -414,7 +382,7 @@ class LearnerCore:
         group = max(1, min(algo.phase_group(total), total, GROUP_MAX)) if total else 1
         for idx in minibatches(R, cfg.batch_size, cfg.n_epochs, group, self.shuffle_rng, self.device):
             self.ratio.drawn(idx.shape[0])
-            self.learn({k: v[idx] for k, v in flat.items()}, self._weights(tuple(idx.shape)))
+            self.learn({k: v[idx] for k, v in flat.items()}, torch.ones(idx.shape, device=self.device))   # uniform
             if algo.stop_phase():
                 break
         algo.rollout_done(data)
@@ -423,13 +391,6 @@ class LearnerCore:
         self.publish()
         return True
 
-    def _weights(self, shape: tuple[int, int]) -> torch.Tensor:
-        """Importance weights of on-policy minibatches: ones, one tensor per shape."""
-        w = self._ones.get(shape)
-        if w is None:
-            w = self._ones[shape] = torch.ones(shape, device=self.device)
-        return w
-
     def progress_remaining(self) -> float:
         """1 - env_steps / steps, at least 0 (SB3's progress remaining, as schedules read it)."""
         return 1.0 - min(1.0, self.c.env_steps / max(1, self.cfg.steps))
@@ -437,10 +398,7 @@ class LearnerCore:
     def train_stats(self) -> dict[str, float]:
         """The algorithm's loss scalars of its last update (its `stats`) and the last rollout's figures, as floats
         (a device sync: read them only when logging)."""
-        out = {k: float(v) for k, v in getattr(self.algo, "stats", {}).items()}
-        if self.rollout:
-            out.update(self.rollout_stats)
-        return out
+        return {**{k: float(v) for k, v in getattr(self.algo, "stats", {}).items()}, **self.rollout_stats}
 
     def learned(self, td: torch.Tensor, steps: int, seconds: float) -> None:
         """`steps` gradient steps were taken in `seconds` (by this core's kernel, or together with other learners
@@ -456,16 +414,8 @@ class LearnerCore:
         self.governor.record(seconds, steps)
         c.gradient_steps += steps
         c.phases += 1
-        if c.gradient_steps - self._published_at >= self.publish_every and not self.hold_publish:
+        if c.gradient_steps - self._published_at >= self.publish_every:
             self.publish(changed_only=True)
-
-    def schedule_lr(self) -> None:
-        """The optimizers' learning rate from `lr_at` at the run's progress remaining, 1 - env_steps / steps (as SB3
-        computes it before each training call); set only when it changed."""
-        lr = float(self.lr_at(self.progress_remaining()))
-        if lr != self._lr:
-            self.algo.set_lr(lr)
-            self._lr = lr
 
     def publish(self, changed_only: bool = False) -> None:
         """The policy's weights to the parameter store, as the next version. `changed_only`: not when the
@@ -567,7 +517,7 @@ class Schedule(abc.ABC):
     """A transport of the training protocol around one :class:`LearnerCore`.
 
     Subclasses move transitions, batches and parameters; they set `core`, `replay` (a replay buffer or a handle with
-    ``state_dict/load_state_dict/__len__``) and implement `_step`, `done`, `close` and `_restart_actors` (after a
+    ``state_dict/load_state_dict/__len__``) and implement `_step`, `done`, `_close` and `_restart_actors` (after a
     checkpoint is loaded). Use it as a context manager, or call `close()`: it stops every process, Ray actor and
     shared block the schedule started."""
 
@@ -603,10 +553,7 @@ class Schedule(abc.ABC):
         rollout = self.core.ratio.base if self.core.rollout else None
         while not self.done():
             self._step()
-            if rollout is not None:
-                if self.core.ratio.base != rollout:
-                    break
-            elif time.perf_counter() >= t_end:
+            if (self.core.ratio.base != rollout) if rollout is not None else (time.perf_counter() >= t_end):
                 break
         eps, self._episodes = self._episodes, []
         return eps
@@ -619,9 +566,15 @@ class Schedule(abc.ABC):
     def done(self) -> bool:
         """Whether the run has collected its env steps and learned what it owes."""
 
-    @abc.abstractmethod
     def close(self) -> None:
-        """Stop everything this schedule started; idempotent."""
+        """Stop everything this schedule started (its `_close`, once)."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """What close() stops: the transport's actors, servers and shared blocks, and its learner cores."""
 
     def _restart_actors(self) -> None:
         """Actors that started with seeds for step 0 start again with seeds for the step count."""
@@ -629,9 +582,7 @@ class Schedule(abc.ABC):
     keep_actors_state = False      # set where the run saves its replay: a finished run keeps its actors' state
 
     def actor_envs(self) -> list[int] | None:
-        """The envs of each of its actors (an actors_state() restores into actors of the same envs); None: its
-        actors are not saved."""
-        return None
+        """The envs of each of its actors (an actors_state() restores into actors of the same envs)."""
 
     def actors_state(self) -> dict:
         """The actors' state for an exact resume (Actor.state_dict of each: envs, RNGs, pending n-step transitions,
@@ -689,18 +640,14 @@ class Schedule(abc.ABC):
             replay = dict(state["replay"])
             actors = replay.pop("actors", None)
             self.replay.load_state_dict(replay)
-        if actors is None:   # no replay saved: a resume that is not exact, as asked
-            self._restart_actors()
-            return
-        why = actors.get("unsaved")
-        if why is None and actors.get("envs") != self.actor_envs():
-            why = f"they were {_actors(actors.get('envs'))}, this run's are {_actors(self.actor_envs())}"
-        if why is None:
+        if actors is not None and "unsaved" not in actors and actors.get("envs") == self.actor_envs():
             self._load_actors([{"pickle": p} for p in actors["actors"]])
             return
-        self._restart_actors()
-        if not Schedule._said_actors:
+        self._restart_actors()   # new episodes (without a saved replay: a resume that is not exact, as asked)
+        if actors is not None and not Schedule._said_actors:
             Schedule._said_actors = True   # once per process (a population's members share the reason)
+            why = actors.get("unsaved") or (f"they were {_actors(actors.get('envs'))}, this run's are "
+                                            f"{_actors(self.actor_envs())}")
             print(f"hetrl: resuming without the actors' state ({why}): the actors start new episodes, so the "
                   "run leaves the path of one that never stopped", file=sys.stderr, flush=True)
 
@@ -712,8 +659,8 @@ class Schedule(abc.ABC):
 
 
 class Slot:
-    """The learner's view of one actor (a transport adds its handle): its grants in flight (key -> env steps) and,
-    in phases, its chunk of the phase, waiting for the boundary."""
+    """The learner's view of one actor (a transport adds its handle): its grants in flight (the core's grant key ->
+    env steps) and, in phases, its chunk of the phase, waiting for the boundary."""
 
     ready = True
 
@@ -727,19 +674,18 @@ class ActorsSchedule(Schedule):
     """A schedule whose actors run apart from the learner (local processes, Ray actors), cut by `lay`, one
     :class:`Slot` each (`slots`).
 
-    Reproducible (the default): phases. A phase's grants go out at once, its chunks wait to go in at its boundary
-    in actor order, and phase() returns at the boundary with the actors idle, so that evaluations and callbacks see
-    the run at the same points whatever the timing and the actors' state can be saved. Timed (reproducible=false):
-    phase() runs about PHASE_S. When the run has its env steps the actors stop (their state kept first where the
-    run saves it).
+    Reproducible (the default): phases. A phase's grants go out at once, its chunks wait to go in at its boundary in
+    actor order, and phase() returns at the boundary with the actors idle, so that evaluations and callbacks see the run
+    at the same points whatever the timing and the actors' state can be saved. Timed (reproducible=false): phase() runs
+    about PHASE_S. When the run has its env steps the actors stop (their state kept first where the run saves it).
 
     A transport provides: `_poll(timeout)` (take what the actors and the replay sent, waiting up to `timeout` for
     the first), `_grant_one(slot)` (the slot's next chunk: True when sent, None when the core grants none now,
     False when the actor cannot take one), `_insert(slot, *chunk)` (a chunk of the phase in), `_draw(g)` (draw or
     ask for g batches), `_drawing()` (a group drawn or asked for is not learned yet), `_receive()` (the drawn group
     as (stack, keys, weights, shard), None while not there), `_learned(shard, keys, |TD|)` (its priorities written),
-    `_start_actors()` (seeded for the step count: actor_spec), `_stop_actors()` (the run's figures and state stay)
-    and `_ask_states()` (actors_state() of the idle actors)."""
+    `_start_actors()` (seeded for the step count: actor_spec), `_spawn(slot)` (a new actor in the slot),
+    `_stop_actors()` (the run's figures and state stay) and `_ask_states()` (actors_state() of the idle actors)."""
 
     lay: Layout
     slots: list[Slot]
@@ -749,15 +695,12 @@ class ActorsSchedule(Schedule):
     _final: dict | None = None           # the actors' state when the run finished (keep_actors_state)
     startup_s = 0.0
 
-    @property
-    def _phased(self) -> bool:
-        return self.core.ratio.phased
-
     def phase(self) -> list[tuple[float, int]]:
-        if self._phased and not self._closed:
-            if not self._open and not self.done():
+        if self.core.ratio.phased and not self._closed:
+            if not self._open and not self.done():   # every actor granted its chunk of the phase
                 self._open = True
-                self._grant_phase()
+                for s in self.slots:
+                    self._grant_one(s)
             while self._open and not self.done():
                 self._step()
             eps, self._episodes = self._episodes, []
@@ -768,13 +711,13 @@ class ActorsSchedule(Schedule):
 
     def _step(self) -> None:
         self._poll(0.0)
-        if self._phased and self._at_boundary():
+        if self.core.ratio.phased and self._at_boundary():
             # the learner's policy is published (the next phase acts with it: one phase behind the learner)
             self.core.publish(changed_only=True)
             self._insert_phase()
             self._open = False
             return
-        if not self._phased:
+        if not self.core.ratio.phased:
             self._grant()
         if not self._learn_step():
             self._poll(self.PHASE_S)
@@ -782,9 +725,10 @@ class ActorsSchedule(Schedule):
     def done(self) -> bool:
         if self._finished:
             return True
-        if not self._all_in():
+        # every env step is in and the learner learned what the ratio owes, drawn groups too
+        if self._drawing() or not self.core.ratio.finished(len(self.replay) if self.replay_here else None):
             return False
-        if self.keep_actors_state and self._phased:   # idle: every env step is in
+        if self.keep_actors_state and self.core.ratio.phased:   # idle: every env step is in
             self._open = False
             self._final = self.actors_state()
         self._finished = True
@@ -795,18 +739,9 @@ class ActorsSchedule(Schedule):
         """Batches the learner may draw now: the core's replay ratio decides."""
         return self.core.ratio.allowed(len(self.replay) if self.replay_here else None)
 
-    def _all_in(self) -> bool:
-        """Every env step is in and the learner learned what the ratio owes, drawn groups too."""
-        return self.core.ratio.finished(len(self.replay) if self.replay_here else None) and not self._drawing()
-
     def _at_boundary(self) -> bool:
         """Every chunk of the phase arrived and the learner drew and learned what it owes."""
         return all(s.ready and not s.outstanding for s in self.slots) and not self._drawing() and self._allowed() == 0
-
-    def _grant_phase(self) -> None:
-        """Every actor granted its chunk of the phase (none once the run has its env steps)."""
-        for s in self.slots:
-            self._grant_one(s)
 
     def _insert_phase(self) -> None:
         """The phase's chunks in, in actor order."""
@@ -827,7 +762,9 @@ class ActorsSchedule(Schedule):
         start = self._next_actor % len(slots)
         for k in range(len(slots)):
             s = slots[(start + k) % len(slots)]
-            while len(s.outstanding) < most and self._wants(s.index):
+            # on-policy, only while its share of the rollout is not in (so that every actor steps its own envs, one
+            # share of every rollout each, whatever the timing)
+            while len(s.outstanding) < most and (not self.core.rollout or self.replay.wants(s.index)):
                 sent = self._grant_one(s)
                 if sent is None:
                     return
@@ -862,10 +799,26 @@ class ActorsSchedule(Schedule):
             self._draw(g)
         return g > 0
 
-    def _wants(self, index: int) -> bool:
-        """Whether actor `index` may get a grant: on-policy, only while its share of the rollout is not in (so that
-        every actor steps its own envs, one share of every rollout each, whatever the timing)."""
-        return not self.core.rollout or self.replay.wants(index)
+    def _replace(self, slot: Slot, what: str, starting: bool = False, hint: str = "") -> None:
+        """The restart policy. Actor `slot` died (`what`: "actor 1 (pid 42) exited with code 1"): its grants in
+        flight are granted again. One that dies while starting ends the run (HetrlError): a new one would die the
+        same way. Past MAX_RESTARTS of one actor the run gives up; else a new actor takes its place (actor_spec
+        gives it new seeds), granted the dead one's chunk of an open phase."""
+        for key in slot.outstanding:
+            self.core.returned(key)
+        slot.outstanding = {}
+        if starting:
+            self.close()
+            raise HetrlError(f"{what} while starting; its error is printed above{hint}")
+        n = self.core.restarts[slot.index] = self.core.restarts.get(slot.index, 0) + 1
+        self.c.restarts += 1
+        if n > MAX_RESTARTS:
+            self.close()
+            raise HetrlError(f"{what}, restart {n}: giving up")
+        print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
+        self._spawn(slot)
+        if self.core.ratio.phased and self._open:
+            self._grant_one(slot)
 
     def _restart_actors(self) -> None:
         self._stop_actors()
@@ -881,7 +834,7 @@ class ActorsSchedule(Schedule):
 
     def actors_state(self) -> dict:
         """At a phase boundary every actor is idle: each is asked for its state (`_ask_states`)."""
-        if not self._phased:
+        if not self.core.ratio.phased:
             if self.core.rollout:
                 return {"unsaved": "an on-policy run's actors are not saved under this schedule"}
             return {"unsaved": "reproducible=false: the actors are stopped inside their chunks"}

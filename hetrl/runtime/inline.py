@@ -21,6 +21,7 @@ from hetrl.runtime.params import InProcessParameterStore
 class InlineSchedule(Schedule):
     name = "inline"
     PHASE_S = 0.0                  # one phase() = one _step: collect train_freq env steps, then learn
+    stacked = False                # the actor's policy acts for several members (a population's stacked policy)
 
     def __init__(self, cfg: Config, env: EnvSpec):
         self.cfg, self.env = cfg, env
@@ -44,8 +45,7 @@ class InlineSchedule(Schedule):
     def _restart_actors(self) -> None:
         if self.actor is not None:
             self.actor.close()
-        self.actor = self.core.actor_spec(0, self.cfg.num_envs).build()
-        self.actor.load(*self.params.latest(-1))
+        self.actor = self.core.actor_spec(0, self.cfg.num_envs).build()   # (its policy loaded by _step's _refresh)
 
     def actor_envs(self) -> list[int]:
         return [self.actor.num_envs]
@@ -56,30 +56,45 @@ class InlineSchedule(Schedule):
     def _load_actors(self, states: list[dict]) -> None:
         self.actor.load_state_dict(states[0])
 
+    def _refresh(self) -> list[int]:
+        """The newest policy into the actor, where newer than its own; the versions its members act with."""
+        self.actor.refresh(self.params)
+        return [self.actor.params_version]
+
     # ---- the protocol, one phase ---------------------------------------------------------
     def _step(self) -> None:
-        core, c = self.core, self.c
-        self.actor.refresh(self.params)   # the newest policy (a phase's, or one loaded between)
+        """Collect train_freq env steps of every member (a population's; inline: the one) in one vector env, insert
+        each member's into its replay, learn what each member's replay ratio allows."""
+        versions, cores, actor, M = self._refresh(), self.cores, self.actor, len(self.cores)
         t0 = time.perf_counter()
-        before = self.actor.env_steps
-        n, most = core.ratio.to_collect()
-        batch = self.actor.collect(n, lambda s: core.algo.exploration(c.env_steps + s - before), limit=most)
+        base, start = [core.c.env_steps for core in cores], actor.env_steps
+        n, most = self.core.ratio.to_collect()   # every member's run collects what member 0's does
+
+        def explore(steps: int):   # each member's value at its own run's env step (a stacked policy takes them all)
+            values = [core.algo.exploration(b + (steps - start) // M) for core, b in zip(cores, base)]
+            return values if self.stacked else values[0]
+
+        batch = actor.collect(M * n, explore, limit=M * most)
         t1 = time.perf_counter()
-        if batch is not None:
-            core.insert(self.replay, batch)
-        steps = self.actor.env_steps - before
-        core.inserted(steps, self.actor.params_version, busy_s=t1 - t0)
-        c.replay_s += time.perf_counter() - t1
-        core.learn_from(self.replay)
-        self._episodes.extend(self.actor.drain_episodes())
+        steps = (actor.env_steps - start) // M
+        member = batch.pop("env") // self.core.cfg.num_envs if batch is not None and "env" in batch else None
+        for m, core in enumerate(cores):
+            t = time.perf_counter()
+            part = batch if member is None else {k: v[member == m] for k, v in batch.items()}
+            if part is not None and len(part["obs"]):
+                core.insert(self.replays[m], part, actor=m)
+            core.inserted(steps, versions[m], busy_s=(t1 - t0) / M)
+            core.c.replay_s += time.perf_counter() - t
+        self._learn()
+        self._episodes.extend(actor.drain_episodes())
+
+    def _learn(self) -> None:
+        self.core.learn_from(self.replay)
 
     def done(self) -> bool:
         return self.core.ratio.finished(len(self.replay))
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         if self.actor is not None:
             self.actor.close()
         for core in self.cores:

@@ -1,8 +1,5 @@
-"""Where a run goes: in this process, or as groups in processes of their own or Ray tasks (a population's groups).
-
-`stop_signals()`: Ctrl-C / SIGTERM ask a run to stop at the end of its phase, with a checkpoint.
-`run_groups(target, jobs, where)`: `target(*job, stopped=...)` for each job, in a process (local) or a Ray task (ray).
-"""
+"""Where a run goes: in this process (stop_signals), or as groups in processes of their own or Ray tasks (a
+population's groups: run_groups)."""
 
 from __future__ import annotations
 
@@ -15,13 +12,13 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hetrl.errors import HetrlError
+from hetrl.runtime.local import _context
 
 
 class _Stop:
     """Set by the first SIGINT or SIGTERM; `signal` names it."""
 
-    def __init__(self) -> None:
-        self.signal: str | None = None
+    signal: str | None = None
 
     def __bool__(self) -> bool:
         return self.signal is not None
@@ -88,8 +85,6 @@ def run_groups(target, jobs: list[tuple], where: str, cfg=None, cpus: int = 1, o
     written into `out`). The first group's error is raised here (the groups share their settings)."""
     if where == "ray":
         return _run_ray(target, jobs, cfg, cpus, out)
-    from hetrl.runtime.local import _context
-
     ctx = _context()
     lock, stop_at = ctx.Lock(), ctx.Value("q", -1, lock=False)
     progress = [ctx.Value("q", 0, lock=False) for _ in jobs]

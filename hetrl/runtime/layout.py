@@ -31,11 +31,10 @@ def chunk_size(train_freq: int, actors: int, envs_per_actor: int, batched_insert
 
 
 def group_size(grads_per_phase: int, prioritized: bool, priority_lag: int = 0) -> int:
-    """Gradient steps per algo.learn call: uniform replay groups up to GROUP_MAX. Prioritised replay
-    draws a batch only once the priorities of all but `priority_lag` earlier batches are written
-    (hetrl/runtime/ratio.py): (priority_lag + 1) // 2 batches per call (exact PER: one), so that the
-    group being learned and the next one, drawn meanwhile by a prefetch thread, both fit the lag;
-    the same under every schedule."""
+    """Gradient steps per algo.learn call: uniform replay groups up to GROUP_MAX. Prioritised replay draws a batch only
+    once the priorities of all but `priority_lag` earlier batches are written (hetrl/runtime/ratio.py):
+    (priority_lag + 1) // 2 batches per call (exact PER: one), so that the group being learned and the next one, drawn
+    meanwhile by a prefetch thread, both fit the lag; the same under every schedule."""
     if not prioritized:
         return max(1, min(GROUP_MAX, grads_per_phase))
     return max(1, min(GROUP_MAX, grads_per_phase, (priority_lag + 1) // 2))
@@ -114,12 +113,11 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
 
 
 def max_policy_lag(cfg: Config, chunk: int, group: int, publish_every: int) -> int:
-    """The bound on policy lag, in gradient steps: how far the learner may run ahead of the parameters
-    the oldest chunk still being collected was granted with. The learner must be able to reach the next
-    publication with one group in hand (publish_every + group), or it would wait for every chunk in turn.
-    Auto: that, plus the gradient steps two chunks of one actor earn under the replay ratio (one actor's
-    double buffer, the lag of the smallest overlapped layout): more actors, or a larger cluster, are
-    throttled to the lag one actor would give instead of adding to it."""
+    """The bound on policy lag, in gradient steps: how far the learner may run ahead of the parameters the oldest chunk
+    still being collected was granted with. The learner must be able to reach the next publication with one group in
+    hand (publish_every + group), or it would wait for every chunk in turn. Auto: that, plus the gradient steps two
+    chunks of one actor earn under the replay ratio (one actor's double buffer, the lag of the smallest overlapped
+    layout): more actors, or a larger cluster, are throttled to the lag one actor would give instead of adding to it."""
     least = publish_every + group
     if cfg.system.max_policy_lag:
         if cfg.system.max_policy_lag < least:

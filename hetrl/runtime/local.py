@@ -26,7 +26,7 @@ import pickle
 import sys
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hetrl import registry
 from hetrl.actors.envs import EnvSpec, env_name
@@ -35,7 +35,7 @@ from hetrl.errors import HetrlError, UsageError
 from hetrl.replay import BatchGroups
 from hetrl.runtime.core import ActorsSchedule, LearnerCore, Slot
 from hetrl.runtime.layout import layout
-from hetrl.runtime.local_actor import ActorArgs, actor_main
+from hetrl.runtime.local_actor import actor_main
 from hetrl.runtime.shm import SharedArrays, SharedParameterStore
 
 START_TIMEOUT_S = 120.0  # for all actors to report ready (a cold forkserver imports torch)
@@ -45,10 +45,9 @@ PRELOAD = ["hetrl.runtime.local_actor", "hetrl.actors", "gymnasium"]
 
 
 def _context(warm: bool = False, preload: tuple[str, ...] = ()):
-    """The multiprocessing context for actors: forkserver (preloaded: a new actor is a fork, it imports
-    nothing) where available, else spawn.  `warm` starts the forkserver now, so its imports run while this
-    process builds the learner; `preload`: more modules it imports (the algorithm's, whose acting
-    policy the actors unpickle)."""
+    """The multiprocessing context for actors: forkserver (preloaded: a new actor is a fork, it imports nothing) where
+    available, else spawn.  `warm` starts the forkserver now, so its imports run while this process builds the learner;
+    `preload`: more modules it imports (the algorithm's, whose acting policy the actors unpickle)."""
     method = os.environ.get("HETRL_START_METHOD", "forkserver")
     if method not in mp.get_all_start_methods():
         method = "spawn"
@@ -69,23 +68,17 @@ def _context(warm: bool = False, preload: tuple[str, ...] = ()):
 
 
 class _Handle(Slot):
-    """The learner's view of one actor process; its grants in flight are its staging halves (half -> env steps)."""
+    """The learner's view of one actor process: its grants in flight are its staging halves, (index, half)."""
 
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.proc = None
-        self.ctrl = self.data = self.lifeline = None
-        self.ready = False
-        self.stopping = False
-        self.state: dict | None = None          # its answer to ("state",)
+    ready = stopping = False
+    proc = ctrl = data = lifeline = None
+    state: dict | None = None          # its answer to ("state",)
 
     def close_pipes(self) -> None:
         for conn in (self.ctrl, self.data, self.lifeline):
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     conn.close()
-                except OSError:
-                    pass
         self.ctrl = self.data = self.lifeline = None
 
 
@@ -95,10 +88,8 @@ def _shutdown(handles: list[_Handle], timeout: float = 2.0) -> None:
     for h in handles:
         h.stopping = True
         if h.ctrl is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 h.ctrl.send(None)
-            except (OSError, ValueError):
-                pass
     deadline = time.monotonic() + timeout
     for h in handles:
         if h.proc is not None:
@@ -135,16 +126,14 @@ class LocalSchedule(ActorsSchedule):
         self.params = SharedParameterStore(core.algo.policy_state())
         core.attach(self.params)
         rows = lay.chunk + cfg.n_step * lay.envs_per_actor
-        self._staging = [SharedArrays({f"{h}:{k}": ((rows, *s), d) for h in (0, 1) for k, (s, d) in spec.items()})
+        self._staging = [[SharedArrays({k: ((rows, *s), d) for k, (s, d) in spec.items()}) for _half in (0, 1)]
                          for _ in range(lay.actors)]
-        self._views = [[{k: st[f"{h}:{k}"] for k in spec} for h in (0, 1)] for st in self._staging]
         # sampled groups of batches (an on-policy rollout is learned in the learner core's phase instead)
         self._batches = None if core.rollout else BatchGroups(self.replay, spec, cfg.batch_size, lay.group,
                                                               preallocate=cfg.system.preallocate and on_cpu)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hetrl-prefetch") \
             if cfg.system.prefetch and not core.rollout else None
-        self._pending = None       # a prefetch in flight (Future)
-        self._ready = None         # a drawn group not yet learned
+        self._drawn = None         # a group drawn and not learned yet: (group, seconds), or a Future while prefetched
         self._episodes: list[tuple[float, int]] = []
         self.trace: list[tuple[int, int]] | None = None  # (inserts, samples) after each change, when a list
         self.slots: list[_Handle] = []
@@ -185,13 +174,11 @@ class LocalSchedule(ActorsSchedule):
 
     def _spawn(self, h: _Handle) -> None:
         ctx = _context()
-        args = ActorArgs(h.index, self.core.actor_spec(h.index, self.lay.envs_per_actor),
-                         self._staging[h.index], self.params, self.cfg.system.actor_one_thread)
-        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
-        data_r, data_w = ctx.Pipe(duplex=False)
-        life_r, life_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=actor_main, args=(args, ctrl_r, data_w, life_r), daemon=True,
-                           name=f"hetrl-actor-{h.index}")
+        (ctrl_r, ctrl_w), (data_r, data_w), (life_r, life_w) = (ctx.Pipe(duplex=False) for _ in range(3))
+        spec = self.core.actor_spec(h.index, self.lay.envs_per_actor)
+        proc = ctx.Process(target=actor_main, args=(spec, self._staging[h.index], self.params,
+                                                    self.cfg.system.actor_one_thread, ctrl_r, data_w, life_r),
+                           daemon=True, name=f"hetrl-actor-{h.index}")
         try:
             with _main_not_reimported(self.env, self.core.algo):
                 proc.start()
@@ -218,44 +205,38 @@ class LocalSchedule(ActorsSchedule):
         grant = self.core.next_grant(self.lay.envs_per_actor)
         if grant is None:
             return None
-        half = 1 if 0 in h.outstanding else 0
+        half = 1 if (h.index, 0) in h.outstanding else 0
         try:
             h.ctrl.send((half, *grant))
         except OSError:
             return False
-        h.outstanding[half] = grant[0]
+        h.outstanding[h.index, half] = grant[0]
         self.core.granted((h.index, half), grant[0])
         return True
 
     # learning -----------------------------------------------------------------------------------------
-    def _gather(self, g: int):
+    def _gather(self, g: int) -> tuple:
         t0 = time.perf_counter()
-        item = self._batches.draw(g)
-        return item, time.perf_counter() - t0
+        return self._batches.draw(g), time.perf_counter() - t0
 
     def _draw(self, g: int) -> None:
         """Draw g batches, in the background if prefetching."""
         self._record()
         if self.cfg.prioritized:
             self.replay.set_beta(self.core.beta())
-        if self._pool is not None:
-            self._pending = self._pool.submit(self._gather, g)
-        else:
-            self._ready, dt = self._gather(g)
-            self.c.replay_s += dt
+        self._drawn = self._pool.submit(self._gather, g) if self._pool is not None else self._gather(g)
 
     def _join_prefetch(self) -> None:
-        if self._pending is not None:
-            self._ready, dt = self._pending.result()
-            self._pending = None
-            self.c.replay_s += dt
+        if isinstance(self._drawn, Future):
+            self._drawn = self._drawn.result()
 
     def _drawing(self) -> bool:
-        return self._ready is not None or self._pending is not None
+        return self._drawn is not None
 
     def _receive(self) -> tuple:
         self._join_prefetch()
-        (stack, keys, weights), self._ready = self._ready, None
+        ((stack, keys, weights), dt), self._drawn = self._drawn, None
+        self.c.replay_s += dt
         return stack, keys, weights, None
 
     def _learned(self, shard, keys, td) -> None:
@@ -268,10 +249,7 @@ class LocalSchedule(ActorsSchedule):
     # messages -----------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
         """Handle every message and exit that is ready; wait up to `timeout` for the first."""
-        waitables = {}
-        for h in self.slots:
-            if h.proc is not None:
-                waitables.update({h.data: h, h.proc.sentinel: h})
+        waitables = {w: h for h in self.slots if h.proc is not None for w in (h.data, h.proc.sentinel)}
         if not waitables:
             return
         t0 = time.perf_counter()
@@ -288,19 +266,17 @@ class LocalSchedule(ActorsSchedule):
                 self._on_exit(h)
 
     def _read(self, h: _Handle) -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError):   # (it exited: its sentinel follows)
             while h.data.poll():
                 self._handle(h, h.data.recv())
-        except (EOFError, OSError):
-            pass  # it exited: its sentinel follows
 
     def _handle(self, h: _Handle, msg) -> None:
         kind = msg[0]
         if kind == "chunk":
             _, half, rows, steps, version, episodes, busy = msg
-            if self._phased:   # in from its staging half at the phase boundary, in actor order
+            if self.core.ratio.phased:   # in from its staging half at the phase boundary, in actor order
                 h.chunk = (half, rows, steps, version, busy)
-                h.outstanding.pop(half, None)
+                h.outstanding.pop((h.index, half), None)
             else:
                 self._insert(h, half, rows, steps, version, busy)
             self._episodes.extend(episodes)
@@ -318,9 +294,9 @@ class LocalSchedule(ActorsSchedule):
     def _insert(self, h: _Handle, half: int, rows: int, steps: int, version: int, busy: float) -> None:
         t0 = time.perf_counter()
         if rows:
-            view = self._views[h.index][half]
+            view = self._staging[h.index][half].arrays
             self.core.insert(self.replay, {k: v[:rows] for k, v in view.items()}, h.index)
-        h.outstanding.pop(half, None)
+        h.outstanding.pop((h.index, half), None)
         self.core.returned((h.index, half))
         self.core.inserted(steps, version, busy)
         self.c.replay_s += time.perf_counter() - t0
@@ -328,23 +304,20 @@ class LocalSchedule(ActorsSchedule):
 
     def _on_exit(self, h: _Handle) -> None:
         self._read(h)  # chunks it finished before it died are good data
-        proc = h.proc
+        proc, h.proc = h.proc, None
         proc.join(0.1)
         code = proc.exitcode
-        h.proc = None
         h.close_pipes()
-        lost, h.outstanding = [(h.index, half) for half in h.outstanding], {}
         if h.stopping or self._closed:
-            for key in lost:
+            for key in h.outstanding:
                 self.core.returned(key)
+            h.outstanding = {}
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         hint = (" (an env factory or algorithm from your script makes actors import the script: keep the training "
                 "code under `if __name__ == '__main__':`)" if not h.ready and _main_needed(self.env, self.core.algo)
                 else "")
-        self.core.actor_died(h.index, f"actor {h.index} (pid {proc.pid}) {how}", self.close, lost,
-                             starting=not h.ready, hint=hint)
-        self._spawn(h)
+        self._replace(h, f"actor {h.index} (pid {proc.pid}) {how}", starting=not h.ready, hint=hint)
 
     def _record(self) -> None:
         if self.trace is not None:
@@ -358,15 +331,12 @@ class LocalSchedule(ActorsSchedule):
         return {**super().transport_figures(), "optimisations": {k: self.cfg.get(k) for k in
                                   ("overlap", "batched_insert", "prefetch", "actor_one_thread", "preallocate")}}
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         _shutdown(self.slots)
         self.core.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        for block in (*self._staging, self.params.block, self._ring):
+        for block in (*(b for halves in self._staging for b in halves), self.params.block, self._ring):
             if block is not None:
                 block.close()  # our descriptors; the mappings (and the replay) stay valid
         self._finalizer.detach()

@@ -9,24 +9,24 @@ Messages, actor -> learner (a pipe):
     ("chunk", half, rows, env_steps, params_version, episodes, busy_s)
     ("state", Actor.state_dict())            the answer to ("state",)
     ("error", exception type name, message, traceback)
-learner -> actor (a pipe): (half, env_steps, explore) grants, None = stop; ("state",) asks for the
-actor's state, ("load", state) restores one (an exact resume, at a phase boundary).  `explore` holds the
-algorithm's exploration value (algo.exploration at the global env step count) for each vector step of the
-chunk, so the learner's algorithm object decides epsilon / the noise, and actors need no copy of it.
+learner -> actor (a pipe): (half, env_steps, explore) grants (`explore`: the learner's exploration value for
+each vector step, an ExploreTable's), None = stop; ("state",) asks for the actor's state, ("load", state) restores
+one (an exact resume, at a phase boundary).
 
-The actor dies with the learner (PR_SET_PDEATHSIG, and end-of-file on its pipes). Ctrl-C and SIGTERM sent to the
-whole process group (a terminal, `timeout`, a cluster scheduler) reach the actors too: they ignore both and leave
-the stop to the learner, which saves the run and stops them (so such an exit is never taken for a crash).
+Ctrl-C and SIGTERM sent to the whole process group (a terminal, `timeout`, a cluster scheduler) reach the actors
+too: they ignore both and leave the stop to the learner, which saves the run and stops them (so such an exit is
+never taken for a crash).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import sys
+import threading
 import traceback
-from dataclasses import dataclass
-from typing import Any
 
 
 if os.environ.get("HETRL_FORKSERVER_TMP"):  # imported by the forkserver (its preload):
@@ -40,71 +40,48 @@ if os.environ.get("HETRL_FORKSERVER_TMP"):  # imported by the forkserver (its pr
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-@dataclass
-class ActorArgs:
-    index: int
-    spec: Any                # hetrl.actors.ActorSpec (env, seeds, policy, n-step, backend)
-    staging: Any             # SharedArrays with fields "0:<name>", "1:<name>"
-    params: Any              # SharedParameterStore
-    one_thread: bool
-
-
 def _die_with_parent(lifeline) -> None:
     """Exit when the learner process dies, whatever kills it.
 
-    * PR_SET_PDEATHSIG: the kernel sends SIGKILL when our parent dies (the learner under
-      spawn; the forkserver under forkserver, which exits once the learner and its actors
-      are gone);
-    * the lifeline: a pipe whose other end only the learner holds; a daemon thread blocks on
-      it and sees end-of-file the moment the learner dies, even while we are busy stepping
-      envs (the control pipe only tells us when we next ask for a grant).
-    """
+    * PR_SET_PDEATHSIG: the kernel sends SIGKILL when our parent dies (the learner under spawn; the forkserver
+      under forkserver, which exits once the learner and its actors are gone);
+    * the lifeline: a pipe whose other end only the learner holds; a daemon thread blocks on it and sees
+      end-of-file the moment the learner dies, even while we are busy stepping envs (the control pipe only tells
+      us when we next ask for a grant)."""
     ppid = os.getppid()
     if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except Exception:  # pragma: no cover - no prctl: the lifeline still stops us
-            pass
+        with contextlib.suppress(Exception):   # no prctl: the lifeline still stops us
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != ppid:  # the parent died before prctl took effect
         os._exit(0)
 
     def watch() -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError):
             lifeline.recv()
-        except (EOFError, OSError):
-            pass
         os._exit(0)
-
-    import threading
 
     threading.Thread(target=watch, name="hetrl-lifeline", daemon=True).start()
 
 
-def actor_main(args: ActorArgs, ctrl, data, lifeline) -> None:
-    """Entry point of an actor process."""
+def actor_main(spec, staging, params, one_thread: bool, ctrl, data, lifeline) -> None:
+    """Entry point of an actor process: it acts as `spec` (an ActorSpec) says, into the two halves of `staging`
+    (SharedArrays), with the weights of `params` (a SharedParameterStore)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
     try:
-        _run(args, ctrl, data)
+        _run(spec.start(one_thread), staging, params, ctrl, data)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the learner went away: nothing to report to
     except BaseException as e:  # report to the learner, which raises it
-        try:
+        with contextlib.suppress(Exception):
             data.send(("error", type(e).__name__, str(e), traceback.format_exc()))
-        except Exception:
-            pass
         os._exit(1)
 
 
-def _run(args: ActorArgs, ctrl, data) -> None:
+def _run(actor, staging, params, ctrl, data) -> None:
     # the policy comes from the learner's algorithm object (its make_policy), so acting is the
     # algorithm's own code, and no optimizer is built here
-    actor = args.spec.start(args.one_thread)
-    halves = [{k[2:]: v for k, v in args.staging.arrays.items() if k.startswith(f"{h}:")} for h in (0, 1)]
     data.send(("hello", os.getpid()))
     try:
         while True:
@@ -118,7 +95,7 @@ def _run(args: ActorArgs, ctrl, data) -> None:
                 actor.load_state_dict(grant[1])
                 continue
             half, n, table = grant
-            rows, steps, busy = actor.take_grant(args.params, n, table, out=halves[half])
+            rows, steps, busy = actor.take_grant(params, n, table, out=staging[half].arrays)
             data.send(("chunk", half, rows, steps, actor.params_version, actor.drain_episodes(), busy))
     finally:
         actor.close()

@@ -1,12 +1,7 @@
-"""Parameter stores: versioned weights from the learner to the actors, without blocking either side.
-
-    publish(state) -> version             the learner (one writer); versions count 0, 1, 2, ...
-    latest(have) -> (state, version) | None
-                                          a reader: the newest weights if newer than `have`
-
-Inline: :class:`InProcessParameterStore` (a host copy); local: :class:`hetrl.runtime.shm.SharedParameterStore`
-(a seqlock in shared memory); ray: :class:`RayParameterStore` (one object in Ray's object store per publication,
-read by every actor; the store itself travels with each collect call).
+"""Parameter stores (:class:`ParameterStore`): versioned weights from the learner to the actors, without blocking
+either side. Inline: :class:`InProcessParameterStore` (a host copy); local:
+:class:`hetrl.runtime.shm.SharedParameterStore` (a seqlock in shared memory); ray: :class:`RayParameterStore` (one
+object in Ray's object store per publication, read by every actor; the store itself travels with each collect call).
 """
 
 from __future__ import annotations
@@ -20,7 +15,8 @@ from hetrl.algos.nets import FlatState
 
 class ParameterStore(Protocol):
     def publish(self, state: dict[str, torch.Tensor]) -> int:
-        """Store `state` (tensors on any device) under the next version; never waits for readers."""
+        """Store `state` (tensors on any device) under the next version (0, 1, 2, ...; one writer, the learner);
+        never waits for readers."""
 
     def latest(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
         """The newest (host) weights and their version if newer than `have`, else None."""

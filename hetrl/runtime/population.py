@@ -1,11 +1,8 @@
-"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives,
-the inline schedule over M members: one vector env (member m: envs m*n .. m*n+n-1) acting through
-Algorithm.stacked_policy, and each member's own replay and learner core, their phases learned as lanes.
+"""A population: M members (seeds x a sweep of settings that keep shapes) as one schedule that api.Run drives
+(PopulationSchedule), and the population's files (population.json, result.json with the report).
 
 Each member runs exactly what its own inline run would (its envs, acting policy, replay and learner seeded and
-drawing as that run's), so member i equals the inline run of seed i (tests/test_population.py). Each member is
-also a schedule of its own (MemberSchedule: what a Run saves, evaluates and reports of it); the population's
-files (population.json, result.json with the report) are written here.
+drawing as that run's), so member i equals the inline run of seed i (tests/test_population.py).
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from hetrl import registry
 from hetrl.actors import Actor
@@ -183,20 +178,24 @@ class MemberSchedule(Schedule):
     def done(self) -> bool:
         return self.c.env_steps >= self.core.cfg.steps
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self.population.close()
 
     def actors_state(self) -> dict:
         return {"unsaved": "a population's actors are not saved"}
 
     def _restart_actors(self) -> None:
-        self.population.stale = True   # every member loaded: one new actor at the next phase
+        self.population.stale = True   # (every member is loaded before the next phase)
 
 
 class PopulationSchedule(InlineSchedule):
     """The inline schedule over the members of a population (their configs differ only in seed and swept settings
-    that keep shapes and step schedules); `lanes`: member phases learned at once. Its counters are member 0's
-    (every member steps alike); `views` are the members as schedules of their own."""
+    that keep shapes and step schedules): one vector env (member m: envs m*n .. m*n+n-1) acting through
+    Algorithm.stacked_policy, each member's own replay and learner core, `lanes` member phases learned at once.
+    Its counters are member 0's (every member steps alike); `views` are the members as schedules of their own."""
+
+    stacked = True
+    stale = False                  # the members were loaded: one new actor at the next phase
 
     def __init__(self, members: list[Member], env, lanes: int = 0, spec: dict | None = None):
         if not members:
@@ -210,7 +209,6 @@ class PopulationSchedule(InlineSchedule):
             for core in cores:
                 core.close()
             raise
-        self.stale = False
         self._setup(cores)
         self.views = [MemberSchedule(self, i) for i in range(len(self.cores))]
         self.lanes = max(1, min(lanes or os.cpu_count() or 1, len(self.cores)))
@@ -236,16 +234,16 @@ class PopulationSchedule(InlineSchedule):
         policy = self.core.algo.stacked_policy([s.policy for s in specs], n)
         self.actor = Actor(s0.env, n * M, s0.env_seed, policy, s0.n_step, s0.gamma, s0.backend, groups=M,
                            seeds=[s.env_seed + j for s in specs for j in range(n)])
-        self.versions = [-1] * M
-        self._refresh()
+        self.versions = [-1] * M   # (the first _step loads every member's policy)
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> list[int]:
         """Each member's newest policy into its part of the stacked policy, where newer than the one it acts with."""
         for m, store in enumerate(self.stores):
             new = store.latest(self.versions[m])
             if new is not None:
                 self.actor.policy.load_member(m, new[0])
                 self.versions[m] = new[1]
+        return self.versions
 
     # ---- the protocol, one phase of every member ------------------------------------------------------
     def phase(self) -> list[tuple[float, int]]:
@@ -254,41 +252,16 @@ class PopulationSchedule(InlineSchedule):
             self._restart_actors()
         return super().phase()
 
-    def _step(self) -> None:
-        """Collect train_freq env steps of every member, insert each member's into its replay, learn what each
-        member's replay ratio allows (members as lanes)."""
-        cfg, M, actor = self.core.cfg, len(self.cores), self.actor
-        n = cfg.num_envs
-        t0 = time.perf_counter()
-        base = [core.c.env_steps for core in self.cores]
-        start = actor.env_steps
-        n_collect, most = self.core.ratio.to_collect()   # every member's run collects what member 0's does
-
-        def explore(steps: int) -> list:
-            done = (steps - start) // M
-            return [core.algo.exploration(b + done) for core, b in zip(self.cores, base)]
-
-        batch = actor.collect(M * n_collect, explore, limit=M * most)
-        t1 = time.perf_counter()
-        steps = (actor.env_steps - start) // M
-        member = batch.pop("env", None) if batch is not None else None   # (a population of one has no groups)
-        member = member // n if member is not None else np.zeros(len(batch["obs"]) if batch else 0, np.int64)
-        for m, core in enumerate(self.cores):
-            rows = member == m
-            if rows.any():
-                core.insert(self.replays[m], {k: v[rows] for k, v in batch.items()}, actor=m)
-            core.inserted(steps, self.versions[m], busy_s=(t1 - t0) / M)
-        # what each member's learner core allows now (its inline run's replay ratio)
+    def _learn(self) -> None:
+        """What each member's learner core allows now (its inline run's replay ratio), members as lanes."""
         owed = [core.ratio.allowed(len(replay)) for core, replay in zip(self.cores, self.replays)]
         learning = [m for m, k in enumerate(owed) if k]
-        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not cfg.prioritized \
+        if self.graph is not None and owed[0] and len(set(owed)) == 1 and not self.core.cfg.prioritized \
                 and not self.core.rollout:   # (an on-policy phase is each core's own: learn_rollout)
             self._learn_together(owed[0])
         else:   # the gradient steps each member's learner core allows, as its inline run takes them
             list((self._pool.map if self._pool is not None and len(learning) > 1 else map)(
                 lambda m: self.cores[m].learn_from(self.replays[m]), learning))
-        self._refresh()
-        self._episodes.extend(actor.drain_episodes())
 
     def _learn_together(self, n: int) -> None:
         """n gradient steps of every member, replayed from one CUDA graph with a branch per member."""
@@ -325,7 +298,7 @@ class PopulationSchedule(InlineSchedule):
             view.replay = None
         give_back_freed_memory()
 
-    def close(self) -> None:
-        if self._pool is not None and not self._closed:
+    def _close(self) -> None:
+        if self._pool is not None:
             self._pool.shutdown(wait=True)
-        super().close()
+        super()._close()

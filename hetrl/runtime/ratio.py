@@ -1,5 +1,4 @@
-"""The replay-ratio policy, written once: when actors may collect, and how many gradient steps the
-learner may take now.
+"""The replay-ratio policy, written once: when actors may collect, and how many gradient steps the learner may take now.
 
 The learner core owns one (``core.ratio``); every schedule asks it and only moves what it answers. It decides
 from the core's counters (env steps inserted, granted and not yet in, transitions drawn) and:
@@ -13,8 +12,7 @@ from the core's counters (env steps inserted, granted and not yet in, transition
   a batch is drawn only once the priorities of all but that many earlier batches are written; 0: exact PER, each
   batch sampled from a tree that holds every earlier batch's |TD|), under every schedule.
 
-An on-policy algorithm has :class:`RolloutRatio` instead, with the same interface: the actors collect one whole
-rollout, the learner learns it, and only then do the actors collect the next (no policy lag).
+An on-policy algorithm has :class:`RolloutRatio` instead, with the same interface.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ UNBOUNDED = 1 << 62
 
 
 class ReplayRatio:
-    """The ratio of one run, over the counters of its learner core: :meth:`alternating`, :meth:`overlapped` or
-    :meth:`phased`."""
+    """The ratio of one run, over the counters of its learner core (:meth:`of`)."""
 
     def __init__(self, core, *, spi: float, min_size: int, group: int | None = None, chunk: int = 0,
                  error_buffer: float | None = None, rate_limit: bool = True, overlap: bool = False,
@@ -40,7 +37,7 @@ class ReplayRatio:
         self.group = group or UNBOUNDED          # batches per learner call at most
         self.chunk = chunk                       # env steps per grant
         self.rate_limit, self.overlap, self.servers = rate_limit, overlap, servers
-        self.phased = phased                     # grants and inserts at phase boundaries only (phased())
+        self.phased = phased                     # grants and inserts at phase boundaries only
         self.error_buffer = error_buffer
         self.rule = None if error_buffer is None else RatioRule.from_error_buffer(spi, min_size, error_buffer)
         self.prioritized, self.priority_lag = bool(cfg.prioritized), int(cfg.priority_lag)
@@ -53,32 +50,25 @@ class ReplayRatio:
         return self.core.cfg.steps
 
     @classmethod
-    def alternating(cls, core) -> "ReplayRatio":
-        """One process that acts, then learns all it owes (the inline schedule): no lead, no window; uniform
-        replay in one group, prioritised in the groups every schedule draws (layout.group_size)."""
+    def of(cls, core, lay=None, phased: bool = False, servers: int = 0) -> "ReplayRatio":
+        """The ratio of `core`'s run. Alternating (`lay` None: one process that acts, then learns all it owes, the
+        inline schedule): no lead, no window; uniform replay in one group, prioritised in the groups every schedule
+        draws (layout.group_size). Phased (a reproducible run cut by layout `lay`; ActorsSchedule): between boundaries
+        the learner draws, from the replay as it stood at the boundary, what the ratio owes for the env steps in (as
+        inline: no lead), while the actors collect. Else overlapped: actors and learner at the same time, under the
+        rule; `servers`: replay servers that sample under their own copy of it (ray), 0 when the learner samples."""
         cfg = core.cfg
-        group = group_size(grads_per_phase(cfg), True, cfg.priority_lag) if cfg.prioritized else None
-        return cls(core, spi=cfg.replay_ratio * cfg.batch_size, min_size=max(cfg.learning_starts, cfg.batch_size),
-                   group=group)
-
-    @classmethod
-    def overlapped(cls, core, lay, servers: int = 0) -> "ReplayRatio":
-        """Actors and learner at the same time, cut by layout `lay` (runtime/layout.py); `servers`:
-        replay servers that sample under their own copy of the rule (ray), 0 when the learner samples."""
-        cfg = core.cfg
+        if lay is None:
+            group = group_size(grads_per_phase(cfg), True, cfg.priority_lag) if cfg.prioritized else None
+            return cls(core, spi=cfg.replay_ratio * cfg.batch_size, min_size=max(cfg.learning_starts, cfg.batch_size),
+                       group=group)
+        if phased:
+            return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
         error_buffer = lay.error_buffer
         if servers:   # remote actors: the window must hold every actor's chunk plus one group, or both sides wait
             error_buffer = max(error_buffer, lay.spi * lay.actors * lay.chunk + lay.group * cfg.batch_size)
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk,
                    error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap, servers=servers)
-
-    @classmethod
-    def phased(cls, core, lay) -> "ReplayRatio":
-        """Actors and learner at the same time, in phases (a reproducible run, cut by layout `lay`): at a phase
-        boundary the chunks of the phase go in, in actor order, the learner's policy is published and every actor
-        is granted the next phase's chunk; between boundaries the learner draws, from the replay as it stood at
-        the boundary, what the ratio owes for the env steps in (as inline: no lead), while the actors collect."""
-        return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk, phased=True)
 
     # ---- the insert side -------------------------------------------------------------------------
     def to_collect(self) -> tuple[int, int]:
@@ -172,18 +162,17 @@ class ReplayRatio:
                 "error_buffer": (self.spi * min_size - eb, float("inf")), "rate_limit": self.rate_limit}
 
     def figures(self) -> dict:
-        return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi, "rate_error_buffer": self.error_buffer,
-                "priority_lag": self.priority_lag if self.prioritized else None,
+        return {"rate_limit": self.rate_limit, "phased": self.phased, "samples_per_insert": self.spi,
+                "rate_error_buffer": self.error_buffer, "priority_lag": self.priority_lag if self.prioritized else None,
                 "priority_lag_max": self.lag_max if self.prioritized else None}
 
 
 class RolloutRatio(ReplayRatio):
-    """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq =
-    n_steps x num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors
-    get the next only then, so they always act with the newest policy (no policy lag) under every schedule. A
-    run collects whole rollouts until it has its env steps, as SB3's `learn` does: the last one may pass
-    cfg.steps by up to a rollout less one vector step. `chunk`: env steps per grant (one actor's share of a
-    rollout: n_steps x its envs)."""
+    """The on-policy rule, with ReplayRatio's interface: actors collect whole rollouts (cfg.train_freq = n_steps x
+    num_envs env steps), a rollout is learned (one learner phase) as soon as it is in, and the actors get the next only
+    then, so they always act with the newest policy (no policy lag) under every schedule. A run collects whole rollouts
+    until it has its env steps, as SB3's `learn` does: the last one may pass cfg.steps by up to a rollout less one
+    vector step. `chunk`: env steps per grant (one actor's share of a rollout: n_steps x its envs)."""
 
     def __init__(self, core, chunk: int | None = None):
         cfg = core.cfg

@@ -4,7 +4,7 @@ It steps `envs` envs with the same :class:`hetrl.actors.Actor` as every schedule
 to its replay-server shard, not through the learner. The learner drives it with `collect` calls (at most two
 queued, a double buffer):
 
-    collect(n, explore, params, stage) -> (env steps, rows, acting version, episodes, busy s, server counters)
+    collect(n, explore, params, stage) -> (env steps, acting version, episodes, busy s, server counters)
     state_dict() / load_state_dict(state)      the actor's state (an exact resume, at a phase boundary)
 
 `explore`: the algorithm's exploration value for each vector step (as in the local schedule); `params`: the
@@ -36,9 +36,8 @@ class RayActor:
 
     def collect(self, n: int, explore: list, params: Any, stage: bool = False) -> tuple:
         batch, steps, busy = self.actor.take_grant(params, n, explore)
-        rows = 0 if batch is None else len(batch["obs"])
         if self.server is None:   # an on-policy rollout's share: to the learner, which holds the rollout
-            return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, batch or {}
+            return steps, self.actor.params_version, self.actor.drain_episodes(), busy, batch or {}
         counters, ref = None, ray.put(batch or {})  # one copy in the object store, whatever the retries
         if stage:
             ray.get(self.server.stage.remote(self.index, ref, steps))
@@ -46,13 +45,10 @@ class RayActor:
             counters = ray.get(self.server.insert.remote(ref, steps, 1.0))
             if counters is None and ray.get(self.server.is_closed.remote()):
                 break
-        return steps, rows, self.actor.params_version, self.actor.drain_episodes(), busy, counters
+        return steps, self.actor.params_version, self.actor.drain_episodes(), busy, counters
 
     def state_dict(self) -> dict:
         return self.actor.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.actor.load_state_dict(state)
-
-    def close(self) -> None:
-        self.actor.close()

@@ -21,14 +21,12 @@ Ray is started and stopped; a Ray the caller initialised is used as it is. docs/
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import re
 import time
-import warnings
 from dataclasses import replace
-
-import numpy as np
-import torch
 
 from hetrl.actors.envs import EnvSpec
 from hetrl.config import Config
@@ -89,8 +87,6 @@ def cluster_cpus() -> int:
 
 
 def _imports(module: str) -> bool:
-    import importlib
-
     try:
         importlib.import_module(module)
     except ImportError:
@@ -121,12 +117,10 @@ def cluster_env_backend(measured: str) -> tuple[str, str | None]:
 
 class _Slot(Slot):
     """The learner's view of one Ray actor; its grants in flight are its collect calls (ObjectRef -> env steps), its
-    chunk of a phase is staged at its server."""
+    chunk of a phase is staged at its server; `where` it runs (its process and node)."""
 
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.handle = None
-        self.where: dict = {}
+    handle = None
+    where: dict = {}
 
 
 class RaySchedule(ActorsSchedule):
@@ -134,9 +128,7 @@ class RaySchedule(ActorsSchedule):
     replay_here = False
 
     def __init__(self, cfg: Config, env: EnvSpec):
-        import_ray()
         self.cfg, self.env = cfg, env
-        self.slots: list[_Slot] = []
         self.servers: list = []
         connect(cfg)
         if cfg.system.env_backend == "envpool" and (lacking := nodes_lacking("envpool")):
@@ -146,9 +138,8 @@ class RaySchedule(ActorsSchedule):
         lay = layout(cfg, cores=cluster_cpus())
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
-        local = os.cpu_count() or 1
-        self.lay = lay = replace(lay, learner_threads=cfg.system.threads or max(1, min(local - lay.actors,
-                                                                                 lay.learner_threads)))
+        threads = cfg.system.threads or max(1, min((os.cpu_count() or 1) - lay.actors, lay.learner_threads))
+        self.lay = lay = replace(lay, learner_threads=threads)
         if cfg.system.replay_shards > lay.actors:
             self.close()
             raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
@@ -174,7 +165,7 @@ class RaySchedule(ActorsSchedule):
                                               **self.core.ratio.server_rule(S))
             self.servers = self.replay.handles
         self.core.attach(self.params)
-        self.slots = [_Slot(i) for i in range(lay.actors)]
+        self.slots: list[_Slot] = [_Slot(i) for i in range(lay.actors)]
         self._start_actors()
         self.startup_s = time.perf_counter() - t0
 
@@ -205,7 +196,7 @@ class RaySchedule(ActorsSchedule):
         grant = self.core.next_grant(self.lay.envs_per_actor)
         if grant is None:
             return None
-        ref = s.handle.collect.remote(grant[0], grant[1], self.params, self._phased)
+        ref = s.handle.collect.remote(grant[0], grant[1], self.params, self.core.ratio.phased)
         s.outstanding[ref] = grant[0]
         self.core.granted(ref, grant[0])
         return True
@@ -237,15 +228,15 @@ class RaySchedule(ActorsSchedule):
             for ref in ready:
                 s.outstanding.pop(ref)
                 try:
-                    steps, rows, version, episodes, busy, counters = ray.get(ref)
-                except ray.exceptions.RayActorError as e:
+                    steps, version, episodes, busy, counters = ray.get(ref)
+                except ray.exceptions.RayActorError as e:   # a new actor (Ray places it wherever there are CPUs)
                     self.core.returned(ref)
-                    self._on_actor_death(s, e)
+                    self._replace(s, f"actor {s.index} died ({e.__class__.__name__})")
                     break
                 except Exception as e:  # an error inside the actor: raise it here with its message
                     self.close()
                     raise self._error(e, f"(actor {s.index})") from None
-                if self._phased:   # staged at its server: counted at the boundary, in actor order
+                if self.core.ratio.phased:   # staged at its server: counted at the boundary, in actor order
                     s.chunk = (ref, steps, version, episodes, busy)
                 elif self.core.rollout:   # `counters` is the chunk itself (no replay server)
                     self.core.insert(self.replay, counters, s.index)
@@ -262,15 +253,6 @@ class RaySchedule(ActorsSchedule):
         if new := self.replay.acknowledged(shard, inserts):
             self.core.inserted(new, version)
 
-    def _on_actor_death(self, s: _Slot, err) -> None:
-        """A new actor takes the dead one's place (Ray places it wherever there are CPUs, e.g. when
-        its node was lost); its calls in flight are lost: their env steps are granted again."""
-        lost, s.outstanding = list(s.outstanding), {}
-        self.core.actor_died(s.index, f"actor {s.index} died ({err.__class__.__name__})", self.close, lost)
-        self._spawn(s)
-        if self._phased and self._open:   # its chunk of this phase, from the new actor
-            self._grant_one(s)
-
     # learning -----------------------------------------------------------------------------------------
     def _draw(self, g: int) -> None:
         """Ask the next shard for g batches (the server waits until its rate limiter allows, and until the
@@ -285,15 +267,14 @@ class RaySchedule(ActorsSchedule):
         if not ray.wait([ref], timeout=0)[0]:
             return None
         t0 = time.perf_counter()
-        got, self._pending = ray.get(ref), None
-        if got is None:  # the rate limiter held it: ask the same shard again later
+        got, self._pending = self.replay.answer(shard, ref), None
+        if got is None:  # the rate limiter held it: the same shard is asked again later
             self.core.ratio.undrawn(g)
-            self.replay.next = shard
             return None
-        stack, keys, weights, counters = got
-        self._count_inserts(shard, counters["inserts"])
+        stack, keys, weights, inserts = got
+        self._count_inserts(shard, inserts)
         self.c.replay_s += time.perf_counter() - t0
-        return {k: _tensor(v) for k, v in stack.items()}, keys, _tensor(weights), shard
+        return stack, keys, weights, shard
 
     def _learned(self, shard, keys, td) -> None:
         if self.cfg.prioritized:
@@ -301,10 +282,8 @@ class RaySchedule(ActorsSchedule):
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def _error(self, e: Exception, where: str) -> Exception:
-        cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
-        if isinstance(cause, UsageError):
-            return UsageError(str(cause))
-        # an actor that failed in its constructor (a bad setting) dies with the error as text only
+        """A one-line hetrl error where the actor raised one (its traceback's last line: an actor that failed in its
+        constructor, a bad setting, dies with the error as text only), else HetrlError."""
         for kind in (UsageError, NonFiniteError):
             said = re.search(rf"hetrl\.errors\.{kind.__name__}: (.+)", str(e))
             if said:
@@ -314,16 +293,11 @@ class RaySchedule(ActorsSchedule):
     def _stop_actors(self) -> None:
         for s in getattr(self, "slots", []):
             if s.handle is not None:
-                try:
+                with contextlib.suppress(Exception):
                     ray.kill(s.handle, no_restart=True)
-                except Exception:
-                    pass
                 s.handle, s.outstanding = None, {}
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         self._stop_actors()
         if getattr(self, "core", None) is not None:
             self.core.close()
@@ -354,10 +328,3 @@ class RaySchedule(ActorsSchedule):
     def _restart_actors(self) -> None:
         self._sync_servers()
         super()._restart_actors()
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    """A tensor over a NumPy array from Ray's object store (read-only memory: the learner only reads it)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
-        return torch.from_numpy(a)

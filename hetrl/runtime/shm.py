@@ -1,19 +1,17 @@
 """Nameless shared memory for the local schedule, and the seqlock parameter store.
 
-:class:`SharedArrays` is a group of NumPy arrays in one block of shared memory that has
-*no name in any file system*: it is a ``memfd_create`` file (Linux), or, where that call is
-missing, a file in /dev/shm (or the temp dir) that is unlinked right after it is opened.  The
-block lives as long as some process holds its file descriptor or a mapping of it, so nothing
-can be left behind in /dev/shm whatever happens to the processes (SIGKILL included), and no
-resource tracker is involved.  Children get the block as a ``Process`` argument: pickling
-passes the descriptor itself (``multiprocessing.reduction.DupFd``: ``pass_fds`` under spawn,
-SCM_RIGHTS to the forkserver, multiprocessing's resource sharer over a Connection).
+:class:`SharedArrays` is a group of NumPy arrays in one block of shared memory that has *no name in any file system*: it
+is a ``memfd_create`` file (Linux), or, where that call is missing, a file in /dev/shm (or the temp dir) that is
+unlinked right after it is opened.  The block lives as long as some process holds its file descriptor or a mapping of
+it, so nothing can be left behind in /dev/shm whatever happens to the processes (SIGKILL included), and no resource
+tracker is involved.  Children get the block as a ``Process`` argument: pickling passes the descriptor itself
+(``multiprocessing.reduction.DupFd``: ``pass_fds`` under spawn, SCM_RIGHTS to the forkserver, multiprocessing's resource
+sharer over a Connection).
 
-:class:`SharedParameterStore` keeps versioned weights in a :class:`SharedArrays` with a seqlock: the
-writer makes the sequence counter odd, writes, stores the version and makes the counter even
-again; a reader copies the weights and keeps them only if the counter was even and unchanged
-across the copy.  Neither side ever waits: a torn read is dropped and retried at the reader's
-next look (x86-64 keeps stores in order and loads in order, which is all this needs).
+:class:`SharedParameterStore` keeps versioned weights in a :class:`SharedArrays` with a seqlock: the writer makes the
+sequence counter odd, writes, stores the version and makes the counter even again; a reader copies the weights and keeps
+them only if the counter was even and unchanged across the copy.  Neither side ever waits: a torn read is dropped and
+retried at the reader's next look (x86-64 keeps stores in order and loads in order, which is all this needs).
 """
 
 from __future__ import annotations
@@ -97,23 +95,19 @@ class SharedParameterStore:
 
     def __init__(self, example: Mapping[str, torch.Tensor]):
         fields = {"header": ((2,), "int64")}
-        self.names = list(example)
         for k, v in example.items():
             fields["p:" + k] = (tuple(v.shape), np.dtype(str(v.dtype).replace("torch.", "")).str)
-        self.block = SharedArrays(fields)
+        self.__setstate__({"names": list(example), "block": SharedArrays(fields)})
         self.block["header"][:] = (0, -1)
-        self._setup_views()
-
-    def _setup_views(self) -> None:
-        self._shared = {k: torch.from_numpy(self.block["p:" + k]) for k in self.names}
-        self._local = {k: v.clone() for k, v in self._shared.items()}
 
     def __getstate__(self):
         return {"names": self.names, "block": self.block}
 
     def __setstate__(self, state):
+        """The store over `block` (a new one, or one sent to this process): views of its weights, a local copy."""
         self.names, self.block = state["names"], state["block"]
-        self._setup_views()
+        self._shared = {k: torch.from_numpy(self.block["p:" + k]) for k in self.names}
+        self._local = {k: v.clone() for k, v in self._shared.items()}
 
     def publish(self, state: Mapping[str, torch.Tensor]) -> int:
         h = self.block["header"]

@@ -1,19 +1,17 @@
 """The learner's threads follow the machine's load, during the run.
 
-A multi-threaded CPU learner (libgomp's spinning OpenMP threads) is faster on cores of its own
-(about 1.3x with two threads), and collapses (an order of magnitude slower) when another
-CPU-bound process takes one of those cores: its threads wait at every barrier for a thread the
-OS descheduled. The planner sees the free cores once, at the start; this governor keeps looking.
-Every `interval_s` it reads /proc/stat (the machine's busy time) and this process's own CPU time:
-their difference is the cores other processes use. As soon as they use more than `busy` cores,
-the learner drops to the cores left (one at least); when they have left for two readings in a row,
-it returns to the planned count. Without /proc/stat it does nothing.
+A multi-threaded CPU learner (libgomp's spinning OpenMP threads) is faster on cores of its own (about 1.3x with two
+threads), and collapses (an order of magnitude slower) when another CPU-bound process takes one of those cores: its
+threads wait at every barrier for a thread the OS descheduled. The planner sees the free cores once, at the start; this
+governor keeps looking. Every `interval_s` it reads /proc/stat (the machine's busy time) and this process's own CPU
+time: their difference is the cores other processes use. As soon as they use more than `busy` cores, the learner drops
+to the cores left (one at least); when they have left for two readings in a row, it returns to the planned count.
+Without /proc/stat it does nothing.
 
-It changes the thread count only where the learner's kernel gives the same results on any count
-(`Kernel.threads_exact`, hetrl/kernels/kernel.py; `exact` here): elsewhere a count changed mid-run
-would change what the agent learns, so the learner keeps the count it started with (chosen before the
-first update by the plan). The planner's run-time correction (hetrl/planner/follow.py) moves the
-planned count itself with `replan`, under the same rule.
+It changes the thread count only where the learner's kernel gives the same results on any count (`Kernel.threads_exact`,
+hetrl/kernels/kernel.py; `exact` here): elsewhere a count changed mid-run would change what the agent learns, so the
+learner keeps the count it started with (chosen before the first update by the plan). The planner's run-time correction
+(hetrl/planner/follow.py) moves the planned count itself with `replan`, under the same rule.
 """
 
 from __future__ import annotations
@@ -53,11 +51,9 @@ class ThreadGovernor:
         # the clock alone decides whether to look again: reading and parsing /proc/stat on every learner
         # call would cost a visible share of a small network's update
         self.clock = (lambda: self.read()[0]) if read is not None else time.perf_counter
-        self.threads = planned
-        self.changes = 0
-        self.min_threads = planned
+        self.threads = self.min_threads = planned
+        self.changes = self._calm = 0
         self._last = self.read() if planned > 1 else None
-        self._calm = 0
         self.spent: dict[int, list] = {}   # threads -> [learner seconds, gradient steps] at that count
 
     def record(self, seconds: float, steps: int) -> None:
