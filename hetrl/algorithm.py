@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from hetrl.config import Config
-from hetrl.errors import UsageError
+from hetrl.errors import LearnContractError, UsageError
 
 
 class ActingPolicy(Protocol):
@@ -378,3 +378,25 @@ class OnPolicyAlgorithm(Algorithm):
     def exploration(self, env_steps: int) -> float | None:
         """On-policy actors always act with the policy (no warm-up of random actions)."""
         return 1.0
+
+
+def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
+    """The protocol's promise of `learn(batches, weights)` (docs/extending.md), checked on a run's first learner
+    call: |TD| comes back as a non-negative float tensor of shape (K, B) and `updates` moved by K. A breach is a
+    LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`. That |TD|
+    is finite is checked on every call (check_finite: a NonFiniteError, the loss diverged), so NaN/inf there is
+    not a breach of the protocol but of the run."""
+    K, B = int(weights.shape[0]), int(weights.shape[1])
+    where = f"algorithm {algo!r}: learn(batches, weights) of K={K} batches of B={B}"
+    fix = "(docs/extending.md: learn); fix the algorithm's learn"
+    if not isinstance(td, torch.Tensor):
+        raise LearnContractError(f"{where} returned {type(td).__name__}, not |TD| as a float tensor of shape "
+                                 f"({K}, {B}) {fix}")
+    if not td.is_floating_point() or tuple(td.shape) != (K, B):
+        raise LearnContractError(f"{where} returned a {str(td.dtype).removeprefix('torch.')} tensor of shape "
+                                 f"{tuple(td.shape)}, not |TD| as a float tensor of shape ({K}, {B}) {fix}")
+    if advanced != K:
+        raise LearnContractError(f"{where} advanced self.updates by {advanced}, not by K={K}: add K to "
+                                 f"self.updates in learn {fix}")
+    if bool((td.detach() < 0).any()):
+        raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")

@@ -1,8 +1,11 @@
-"""This machine: its identity (CPU model, cores, torch, GPUs, optional packages) and where hetrl caches
-what it measured on it (the planner's profiles, the learner kernels chosen)."""
+"""This machine: its identity (CPU model, cores, torch, GPUs, optional packages), where hetrl caches what it
+measured on it (the planner's profiles, the learner kernels chosen), and a process's memory on it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import hashlib
 import json
 import os
@@ -85,3 +88,30 @@ def resolve_device(name: str) -> "torch.device":
         if idx >= torch.cuda.device_count():
             raise UsageError(f"device={name} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
     return torch.device(name)
+
+
+def peak_memory(device: "torch.device") -> dict:
+    """Peak memory so far: the learner process's RSS, the largest RSS of its finished child processes
+    (local actors that were joined), and the GPU's max_memory_allocated when the learner is on one."""
+    import resource   # (Unix only)
+
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    if device.type == "cuda":
+        import torch
+
+        out["gpu_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
+def give_back_freed_memory() -> bool:
+    """Ask the C allocator to return the free memory it holds to the system (glibc's malloc_trim), after a
+    large release (a population's replays before its report): glibc serves arrays of up to 32 MB from its
+    heap once a free has raised its mmap threshold, and such memory, once freed, stays in the process's RSS
+    until trimmed. True where it asked (glibc), False where there is no glibc (macOS, Windows, musl)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)   # 1: memory released, 0: none
+        return True
+    except (OSError, AttributeError, TypeError):
+        return False

@@ -225,7 +225,7 @@ def test_freed_heap_memory_is_given_back_to_the_system():
     """give_back_freed_memory (run when a population lets its replays go, before the report): free memory the C
     allocator holds inside its heap (holes between live blocks, which it never returns by itself) leaves the
     process's RSS."""
-    from hetrl.runtime.core import give_back_freed_memory
+    from hetrl.machine import give_back_freed_memory
 
     def rss_mb() -> float:
         with open("/proc/self/status") as f:

@@ -5,10 +5,10 @@ with ``sample`` (prioritised sampling, importance weights and the row gather all
 server-side) and sends its TD errors back with ``update_priorities``, which write into the one
 sum tree ``sample`` reads. Calls to a threaded actor may run in any order, so a sample names how
 many priority updates its caller had sent (``after``) and waits until they are written: the
-learner's priority lag (hetrl/runtime/ratio.py) holds at the server too.  The rate limiter (Reverb's ``SampleToInsertRatio``, counting env
-steps inserted and transitions sampled) lives here too: an insert that would put the actors
-too far ahead waits, a sample that would put the learner too far ahead waits; both give up
-after ``timeout`` seconds and answer ``None`` so the caller can look at its other work.
+learner's priority lag (hetrl/runtime/ratio.py) holds at the server too. The rate limiter (Reverb's
+``SampleToInsertRatio``, counting env steps inserted and transitions sampled) lives here too: an insert
+that would put the actors too far ahead waits, a sample that would put the learner too far ahead waits;
+both give up after ``timeout`` seconds and answer ``None`` so the caller can look at its other work.
 
 The class is plain Python and thread-safe (one ``threading.Condition``): the ray schedule
 serves it as a threaded Ray actor (``hetrl/runtime/ray_schedule.py``), so several actors'

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import ctypes
-import ctypes.util
 import functools
-import gc
 import operator
 import sys
 import time
@@ -31,8 +28,9 @@ from hetrl.actors.envs import EnvSpec, prepare_env
 from hetrl import kernels
 from hetrl.algos import learn_spec, make_algorithm, replay_spec
 from hetrl.config import Config
-from hetrl.errors import HetrlError, LearnContractError, NonFiniteError
-from hetrl.machine import resolve_device
+from hetrl.algorithm import check_learn_contract
+from hetrl.errors import HetrlError, NonFiniteError
+from hetrl.machine import peak_memory, resolve_device
 from hetrl.replay import FrameStorage, ReplayBuffer, Storage
 from hetrl.replay.finite import all_finite
 from hetrl.replay.frames import frames_apply
@@ -44,53 +42,6 @@ from hetrl.runtime.ratio import UNBOUNDED, ReplayRatio, RolloutRatio
 from hetrl.runtime.threads import ThreadGovernor
 
 MAX_RESTARTS = 5          # per actor, before a run gives up (local and ray)
-
-
-def check_learn_contract(algo: str, td, weights: torch.Tensor, advanced: int) -> None:
-    """The protocol's promise of `learn(batches, weights)` (docs/extending.md), checked on a run's first learner
-    call: |TD| comes back as a non-negative float tensor of shape (K, B) and `updates` moved by K. A breach is a
-    LearnContractError (a UsageError: exit 2 from the CLI) of one line naming the algorithm and `learn`. That |TD|
-    is finite is checked on every call (check_finite: a NonFiniteError, the loss diverged), so NaN/inf there is
-    not a breach of the protocol but of the run."""
-    K, B = int(weights.shape[0]), int(weights.shape[1])
-    where = f"algorithm {algo!r}: learn(batches, weights) of K={K} batches of B={B}"
-    fix = "(docs/extending.md: learn); fix the algorithm's learn"
-    if not isinstance(td, torch.Tensor):
-        raise LearnContractError(f"{where} returned {type(td).__name__}, not |TD| as a float tensor of shape "
-                                 f"({K}, {B}) {fix}")
-    if not td.is_floating_point() or tuple(td.shape) != (K, B):
-        raise LearnContractError(f"{where} returned a {str(td.dtype).removeprefix('torch.')} tensor of shape "
-                                 f"{tuple(td.shape)}, not |TD| as a float tensor of shape ({K}, {B}) {fix}")
-    if advanced != K:
-        raise LearnContractError(f"{where} advanced self.updates by {advanced}, not by K={K}: add K to "
-                                 f"self.updates in learn {fix}")
-    if bool((td.detach() < 0).any()):
-        raise LearnContractError(f"{where} returned negative |TD|: return the absolute TD errors {fix}")
-
-
-def peak_memory(device: torch.device) -> dict:
-    """Peak memory so far: the learner process's RSS, the largest RSS of its finished child processes
-    (local actors that were joined), and the GPU's max_memory_allocated when the learner is on one."""
-    import resource   # (Unix only)
-
-    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
-    if device.type == "cuda":
-        out["gpu_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return out
-
-
-def give_back_freed_memory() -> bool:
-    """Ask the C allocator to return the free memory it holds to the system (glibc's malloc_trim), after a
-    large release (a population's replays before its report): glibc serves arrays of up to 32 MB from its
-    heap once a free has raised its mmap threshold, and such memory, once freed, stays in the process's RSS
-    until trimmed. True where it asked (glibc), False where there is no glibc (macOS, Windows, musl)."""
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)   # 1: memory released, 0: none
-        return True
-    except (OSError, AttributeError, TypeError):
-        return False
 
 
 def choose_kernel(cfg: Config, obs_space, act_space, device, lay: Layout | None = None, algo=None,
@@ -374,7 +325,8 @@ class LearnerCore:
                        data["terminated"], data["truncated"], cfg.gamma, cfg.gae_lambda)
         self.rollout_stats = {"explained_variance": explained_variance(out["value"].flatten(), ret.flatten())}
         fields = {"obs": data["obs"], "action": data["action"],
-                  **{k: v for k, v in out.items() if k not in ("next_value", "reward")}, "advantage": adv, "return": ret}
+                  **{k: v for k, v in out.items() if k not in ("next_value", "reward")},
+                  "advantage": adv, "return": ret}
         R = rollout.capacity
         flat = {k: v.reshape(R, *v.shape[2:]).to(self.device) for k, v in fields.items()}
         c.learner_s += time.perf_counter() - t0
@@ -468,7 +420,8 @@ class LearnerCore:
                "policy_staleness_mean": c.staleness_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_mean": c.lag_sum / c.staleness_steps if c.staleness_steps else 0.0,
                "policy_lag_max": c.lag_max, "policy_lag_bound": self.max_lag or None,
-               "actor_restarts": c.restarts, "reproducible": self.reproducible, "replay_bytes": self.replay_bytes, **self.governor.figures(),
+               "actor_restarts": c.restarts, "reproducible": self.reproducible, "replay_bytes": self.replay_bytes,
+               **self.governor.figures(),
                "learner_kernel": self.kernel.name, "learner_kernel_source": self.kernel_choice.source,
                "compile_s": self.kernel.compile_s, **self.kernel.figures(), **self.ratio.figures()}
         out.update(peak_memory(self.device))

@@ -81,7 +81,8 @@ def layout(cfg: Config, cores: int | None = None, group: int | None = None) -> L
     passes its cluster's). `group`: gradient steps per learn call if not group_size()'s."""
     cores = cores or os.cpu_count() or 1
     # never more envs than the preset's: by default the largest actor count that splits num_envs evenly
-    n = cfg.system.actors or max(d for d in range(1, min(default_actors(cores), cfg.num_envs) + 1) if cfg.num_envs % d == 0)
+    n = cfg.system.actors or max(d for d in range(1, min(default_actors(cores), cfg.num_envs) + 1)
+                                 if cfg.num_envs % d == 0)
     m = cfg.system.envs_per_actor or max(1, cfg.num_envs // n)
     threads = cfg.system.threads or max(1, cores - n)
     per_phase = grads_per_phase(cfg)

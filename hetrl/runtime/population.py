@@ -21,7 +21,8 @@ from hetrl.actors import Actor
 from hetrl.checkpoint import write_json
 from hetrl.config import SYSTEM_KEYS, Config, check_value, make_config, settings_class
 from hetrl.errors import HetrlError, UsageError
-from hetrl.runtime.core import LearnerCore, Schedule, give_back_freed_memory
+from hetrl.machine import give_back_freed_memory
+from hetrl.runtime.core import LearnerCore, Schedule
 from hetrl.runtime.inline import InlineSchedule
 
 POPULATION_FILE = "population.json"
@@ -94,7 +95,8 @@ def fixed_settings(algo: str) -> set[str]:
             | set(getattr(cls, "schedule_settings", ())) | set(SYSTEM_KEYS) | {"algo", "env", "seed"})
 
 
-def make_members(algo: str, env: str, overrides: dict[str, Any], seeds: list[int], sweep: dict[str, list]) -> list[Member]:
+def make_members(algo: str, env: str, overrides: dict[str, Any], seeds: list[int],
+                 sweep: dict[str, list]) -> list[Member]:
     """The members: every combination of the swept values (grid) x every seed, each with its config."""
     cls, fixed = settings_class(algo), fixed_settings(algo)
     typed: dict[str, list] = {}
@@ -129,7 +131,8 @@ def read_population(path: str | Path) -> dict:
     try:
         data = json.loads(f.read_text())
     except (OSError, ValueError) as e:
-        raise UsageError(f"{f} is unreadable ({type(e).__name__}); give the directory of a population hetrl wrote") from None
+        raise UsageError(f"{f} is unreadable ({type(e).__name__}); give the directory of a population hetrl "
+                         "wrote") from None
     if data.get("format") != FORMAT:
         raise UsageError(f"{f} is not a hetrl population (format {data.get('format')!r})")
     return data

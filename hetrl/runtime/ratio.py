@@ -68,7 +68,8 @@ class ReplayRatio:
         if servers:   # remote actors: the window must hold every actor's chunk plus one group, or both sides wait
             error_buffer = max(error_buffer, lay.spi * lay.actors * lay.chunk + lay.group * cfg.batch_size)
         return cls(core, spi=lay.spi, min_size=lay.min_size, group=lay.group, chunk=lay.chunk,
-                   error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap, servers=servers)
+                   error_buffer=error_buffer, rate_limit=cfg.system.rate_limit, overlap=cfg.system.overlap,
+                   servers=servers)
 
     # ---- the insert side -------------------------------------------------------------------------
     def to_collect(self) -> tuple[int, int]:
@@ -84,7 +85,8 @@ class ReplayRatio:
         chunk in flight (max_policy_lag), and were that chunk held until the learner samples, both would."""
         c, reserved = self.core.c, self.core.reserved
         n = max(0, min(self.chunk, self.steps - c.env_steps - reserved))
-        if n and self.rate_limit and self.rule is not None and not self.rule.can_insert(c.env_steps + reserved, c.samples, n):
+        if n and self.rate_limit and self.rule is not None \
+                and not self.rule.can_insert(c.env_steps + reserved, c.samples, n):
             return 0
         return n
 

@@ -133,8 +133,9 @@ class RaySchedule(ActorsSchedule):
         connect(cfg)
         if cfg.system.env_backend == "envpool" and (lacking := nodes_lacking("envpool")):
             self.close()
-            raise UsageError(f"env_backend=envpool but EnvPool is not installed on the Ray node(s) {', '.join(lacking)}: "
-                             "pip install 'hetrl[envpool]' there, or use --set env_backend=gymnasium")
+            raise UsageError(f"env_backend=envpool but EnvPool is not installed on the Ray node(s) "
+                             f"{', '.join(lacking)}: pip install 'hetrl[envpool]' there, or use --set "
+                             "env_backend=gymnasium")
         lay = layout(cfg, cores=cluster_cpus())
         # the learner's threads: this machine's cores the actors leave free (all of them when
         # the actors fit elsewhere is not known before Ray places them: assume they are here)
@@ -142,8 +143,8 @@ class RaySchedule(ActorsSchedule):
         self.lay = lay = replace(lay, learner_threads=threads)
         if cfg.system.replay_shards > lay.actors:
             self.close()
-            raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a shard no "
-                             "actor feeds would never be sampled; use at most one shard per actor")
+            raise UsageError(f"replay_shards={cfg.system.replay_shards} is more than the {lay.actors} actors: a "
+                             "shard no actor feeds would never be sampled; use at most one shard per actor")
         self.core = LearnerCore(cfg, env, lay.learner_threads, lay, servers=cfg.system.replay_shards)
         self.params = RayParameterStore()
         self._episodes: list[tuple[float, int]] = []
