@@ -448,6 +448,28 @@ def test_acting_equals_the_torch_forward_and_pickles(name, net):
     kernel.close()
 
 
+ACT_THERE = r"""
+import pickle, sys
+import numpy as np
+policy = pickle.loads(sys.stdin.buffer.read())
+policy.act_deterministic(np.zeros((2, 3), np.float32))
+print(sorted(m for m in ("hetrl.kernels.compiled.kernel", "hetrl.kernels.compiled.acting") if m in sys.modules))
+"""
+
+
+def test_an_actor_process_acts_through_the_compiled_pieces_without_the_learner_kernel():
+    """A process that unpickles a compiled acting policy (a local or Ray actor) loads the acting pieces, not the
+    learner kernel (its VM, heads and tracer: hetrl.kernels.compiled imports it on first use)."""
+    algo = make_algorithm(make_config("td3", ENV["td3"], {"net_arch": [24, 16]}), *AC_SPACES)
+    kernel = CompiledKernel(algo)
+    policy = kernel.wrap_policy(algo.make_policy(seed=3))
+    p = subprocess.run([sys.executable, "-c", ACT_THERE], input=pickle.dumps(policy), capture_output=True,
+                       timeout=300)
+    kernel.close()
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout.decode().split("\n")[-2] == "['hetrl.kernels.compiled.acting']"
+
+
 def test_a_compiled_mlp_follows_parameters_replaced_after_its_first_call():
     """A policy's load may set a parameter anew or swap its data; the next compiled call reads the new values."""
     from hetrl.kernels.compiled.acting import wrap
