@@ -756,7 +756,8 @@ class ActorsSchedule(Schedule):
         """The restart policy. Actor `slot` died (`what`: "actor 1 (pid 42) exited with code 1"): its grants in
         flight are granted again. One that dies while starting ends the run (HetrlError): a new one would die the
         same way. Past MAX_RESTARTS of one actor the run gives up; else a new actor takes its place (actor_spec
-        gives it new seeds), granted the dead one's chunk of an open phase."""
+        gives it new seeds), granted the dead one's chunk of an open phase where that chunk was lost with it."""
+        lost = bool(slot.outstanding)
         for key in slot.outstanding:
             self.core.returned(key)
         slot.outstanding = {}
@@ -770,7 +771,7 @@ class ActorsSchedule(Schedule):
             raise HetrlError(f"{what}, restart {n}: giving up")
         print(f"hetrl: {what}; starting a new one (restart {n} of {MAX_RESTARTS})", file=sys.stderr, flush=True)
         self._spawn(slot)
-        if self.core.ratio.phased and self._open:
+        if lost and self.core.ratio.phased and self._open and slot.chunk is None:
             self._grant_one(slot)
 
     def _restart_actors(self) -> None:
