@@ -106,6 +106,34 @@ def test_one_and_two_threads_give_the_same_bits():
     assert all(torch.equal(p1[k], p2[k]) for k in p1)
 
 
+def test_the_fused_loops_give_the_interpreters_bits(monkeypatch):
+    """The large elementwise passes run as generated fused loops (fused.py); the same phases with every pass on the
+    interpreter give the same bits."""
+    from hetrl.kernels.compiled import derived
+
+    make = _maker("qrdqn", n_quantiles=8, net_arch=[64, 64])
+    phases, weights = _phases(make, K=2, B=64)
+    results = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("HETRL_FUSED", on)
+        monkeypatch.setattr(derived, "_PROGRAMS", {})
+        torch.manual_seed(0)
+        algo = make()
+        kernel = CompiledKernel(algo)
+        try:
+            tds = [kernel.learn(b, weights) for b in phases]
+            assert kernel.path == "derived" and kernel.declined is None
+            fused = sum(u.fused for u in derived._PROGRAMS.values())
+            assert (fused > 0) == (on == "1"), fused
+        finally:
+            kernel.close()
+        results.append((tds, algo.state_dict()))
+    (td1, s1), (td2, s2) = results
+    assert all(torch.equal(a, b) for a, b in zip(td1, td2))
+    p1, p2 = s1["nets"]["q"] if "nets" in s1 else s1["q"], s2["nets"]["q"] if "nets" in s2 else s2["q"]
+    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+
+
 def test_the_lane_governor_drops_to_one_lane_where_it_is_faster_and_tries_again():
     """A phase's bits do not depend on its lanes, so the lanes follow the clock: the first phases alternate n and
     one, then n while n is not slower than one, one lane while it is faster (a small phase, a core another process
@@ -215,22 +243,24 @@ import qrdqn_example
 from hetrl.algos import make_algorithm
 from hetrl.config import make_config
 from hetrl.kernels import synthetic_batch
-from hetrl.kernels.compiled import CompiledKernel, vm
+from hetrl.kernels.compiled import CompiledKernel, fused, vm
 import gymnasium as gym
 spaces = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
-algo = make_algorithm(make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4}), *spaces)
+algo = make_algorithm(make_config("qrdqn", "CartPole-v1", {"net_arch": [64], "n_quantiles": 4}), *spaces)
 kernel = CompiledKernel(algo)
 spec = type(algo).replay_fields(*spaces)
 for _ in range(2):
     kernel.learn(synthetic_batch(spec, spaces[1], 32, 2, "cpu")[0], torch.ones(2, 32))
 print(json.dumps({"misses": sum(f.stats.cache_misses.get(s, 0) for f in (vm.run_phase,) for s in f.signatures),
-                  "declined": kernel.declined, "path": kernel.path}))
+                  "declined": kernel.declined, "path": kernel.path, "loops": len(fused._LOOPS),
+                  "compiled": fused.COMPILED[0]}))
 """
 
 
 def test_a_second_process_compiles_nothing():
-    """numba's on-disk cache holds the VM (every program is data for it): a process after the first loads it."""
-    make = _maker("qrdqn", n_quantiles=4, net_arch=[16])
+    """numba's on-disk cache holds the VM (every program is data for it) and the fused loops (one per signature): a
+    process after the first loads them."""
+    make = _maker("qrdqn", n_quantiles=4, net_arch=[64])
     phases, weights = _phases(make, K=2, B=32)
     kernel = CompiledKernel(make())     # (this process compiles or loads the VM: its cache is written)
     try:
@@ -243,7 +273,8 @@ def test_a_second_process_compiles_nothing():
     out = subprocess.run([sys.executable, "-c", SECOND, here], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"misses": 0, "declined": None, "path": "derived"}, got
+    assert got.pop("loops") > 0, got
+    assert got == {"misses": 0, "declined": None, "path": "derived", "compiled": 0}, got
 
 
 def test_a_network_or_optimizer_changed_after_construction_is_traced_again():

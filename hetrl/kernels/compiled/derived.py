@@ -28,6 +28,7 @@ import torch
 
 from hetrl.kernels.compiled import vm
 from hetrl.kernels.compiled.graph import convert
+from hetrl.kernels.compiled import fused
 from hetrl.kernels.compiled.program import Program, lower
 from hetrl.kernels.compiled.reference import draw as draw_into
 from hetrl.kernels.compiled.trace import Declined, assign, resolve, trace_unit
@@ -201,6 +202,7 @@ class Unit:
         self.trace = trace_unit(algo, batches, weights)
         self.cv = convert(self.trace)
         self.prog: Program = lower(self.cv, int(weights.shape[0]), int(weights.shape[1]))
+        self.fused = fused.attach(self.prog)   # the large elementwise passes as generated loops
         self.units = int(weights.shape[0])
 
 

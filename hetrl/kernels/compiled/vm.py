@@ -56,7 +56,8 @@ I_A, I_B, I_C, I_M, I_N, I_K, I_ALPHA, I_BETA, I_BATCH = 9, 10, 11, 12, 13, 14, 
 # constant of its group (lr, beta1, beta2, weight_decay, eps); flags; elements
 I_P, I_G, I_M1, I_M2, I_VMAX, I_SC, I_SCALE, I_RC, I_FLAGS, I_NUMEL = 9, 10, 11, 12, 13, 14, 15, 16, 17, 3
 F_ADAMW, F_AMSGRAD, F_MAXIMIZE, F_SCALE_BACK = 1, 2, 4, 8
-INS_W = 18
+I_FN = 18        # EXPR: the address of its generated fused loop (fused.py), or 0 (interpreted)
+INS_W = 19
 # OPD columns (operands: loads and outputs of EXPR, matrices of GEMM)
 O_ST, O_DT, O_OFF, O_S0, O_USTR, O_BSTR, O_REG, O_MODE, O_NIDX, O_IREG, O_ISTR, O_ARGDIM, O_PAIR = 0, 1, 2, 3, 7, 8, 9, \
     10, 11, 12, 14, 16, 17
@@ -138,6 +139,17 @@ if numba is not None:
         def codegen(context, builder, signature, args):
             fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=_ir.FunctionType(_ir.IntType(64), []))
             return builder.call(fn, [])
+        return sig, codegen
+
+    @intrinsic
+    def call_kernel(typingctx, fn, nn, P, S, C):
+        """Call the generated fused loop at address fn (fused.py) on one tile: void(nn, operands, strides, consts)."""
+        sig = types.void(types.int64, types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            fnty = _ir.FunctionType(_ir.VoidType(), [_ir.IntType(64)] * 4)
+            builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+            return context.get_dummy_value()
         return sig, codegen
 
     _libc = ctypes.CDLL(None)
@@ -780,28 +792,10 @@ if numba is not None:
     def c_init(addr, dt, off, d, st, value):  # pragma: no cover - compiled
         _init_region(addr, dt, off, numba.carray(p_i64(d), (4,)), numba.carray(p_i64(st), (4,)), value)
 
-    # ---- one EXPR instruction on a block ---------------------------------------------------------------------------------
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def run_expr(ins, OPD, CODE, CST, F, rc, addr, regs, lines, bases, unit, chunk):  # pragma: no cover - compiled
-        d = np.empty(4, np.int64)
-        for k in range(4):
-            d[k] = ins[I_D0 + k]
-        lo = np.int64(0)
-        split = ins[I_SPLIT]
-        if split >= 0:   # the task's block of the split dim
-            E, NB = ins[I_EXT], ins[I_NB]
-            lo = chunk * E // NB
-            d[split] = (chunk + 1) * E // NB - lo
-        for k in range(4):
-            if d[k] == 0:
-                return
+    def _init_outputs(ins, OPD, addr, unit, chunk, lo, split, d, st):  # pragma: no cover - compiled
+        """A pass's reductions start from their identity over this unit's and block's region."""
         nout = ins[I_NOUT]
-        nregs = regs.shape[0]
-        rp = regs.ctypes.data
-        lp = lines.ctypes.data
-        bp = bases.ctypes.data
-        st = np.empty(4, np.int64)
-        # the outputs' offsets for this unit and block; reductions start from their identity
         for o in range(ins[I_OUT], ins[I_OUT] + nout):
             mode = OPD[o, O_MODE]
             if mode >= M_SUM and mode != M_ARGVAL:
@@ -823,17 +817,43 @@ if numba is not None:
                 for k in range(4):
                     st[k] = OPD[o, O_S0 + k]
                 c_init(addr[OPD[o, O_ST]], OPD[o, O_DT], off, d.ctypes.data, st.ctypes.data, init)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _const(CST, c, F, rc, addr, OPD, unit, chunk, lo, split):  # pragma: no cover - compiled
+        kind, idx = CST[c, 1], CST[c, 2]
+        if kind == C_LIT:
+            return F[idx]
+        if kind == C_RC:
+            return rc[idx]
+        return _mem_get(addr[OPD[idx, O_ST]], OPD[idx, O_DT], _opd_off(OPD, idx, unit, chunk, lo, split))
+
+    # ---- one EXPR instruction on a block ---------------------------------------------------------------------------------
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def run_expr(ins, OPD, CODE, CST, F, rc, addr, regs, lines, bases, unit, chunk):  # pragma: no cover - compiled
+        d = np.empty(4, np.int64)
+        for k in range(4):
+            d[k] = ins[I_D0 + k]
+        lo = np.int64(0)
+        split = ins[I_SPLIT]
+        if split >= 0:   # the task's block of the split dim
+            E, NB = ins[I_EXT], ins[I_NB]
+            lo = chunk * E // NB
+            d[split] = (chunk + 1) * E // NB - lo
+        for k in range(4):
+            if d[k] == 0:
+                return
+        nout = ins[I_NOUT]
+        nregs = regs.shape[0]
+        rp = regs.ctypes.data
+        lp = lines.ctypes.data
+        bp = bases.ctypes.data
+        st = np.empty(4, np.int64)
+        _init_outputs(ins, OPD, addr, unit, chunk, lo, split, d, st)
         # constants into their registers (whole tiles, once)
         for c in range(ins[I_CONST], ins[I_CONST] + ins[I_NCONST]):
-            r, kind, idx = CST[c, 0], CST[c, 1], CST[c, 2]
-            if kind == C_LIT:
-                v = F[idx]
-            elif kind == C_RC:
-                v = rc[idx]
-            else:
-                v = _mem_get(addr[OPD[idx, O_ST]], OPD[idx, O_DT], _opd_off(OPD, idx, unit, chunk, lo, split))
+            v = _const(CST, c, F, rc, addr, OPD, unit, chunk, lo, split)
             for t in range(T):
-                regs[r, t] = v
+                regs[CST[c, 0], t] = v
         nlines = d[0] * d[1] * d[2]
         inner = d[3]
         ni = inner if inner < T else T
@@ -992,6 +1012,99 @@ if numba is not None:
     _llvm.add_symbol("hetrl_vm_expr", _expr_c.address)
     EXPR = types.ExternalFunction("hetrl_vm_expr", _EXPR_SIG)
 
+    # ---- one EXPR through its generated fused loop (fused.py) --------------------------------------------------------
+    @numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+    def _itemsize(dt):  # pragma: no cover - compiled
+        if dt == DT_F64 or dt == DT_I64:
+            return 8
+        if dt == DT_F32 or dt == DT_I32:
+            return 4
+        if dt == DT_I16:
+            return 2
+        return 1
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def run_fused(ins, OPD, CODE, CST, F, rc, addr, regs, unit, chunk):  # pragma: no cover - compiled
+        """The pass as run_expr computes it, through its fused loop: this walks the lines and the tiles of T elements
+        (as run_expr does), makes each operand's address, and hands the inner reductions' tiles to _reduce."""
+        d = np.empty(4, np.int64)
+        for k in range(4):
+            d[k] = ins[I_D0 + k]
+        lo = np.int64(0)
+        split = ins[I_SPLIT]
+        if split >= 0:
+            E, NB = ins[I_EXT], ins[I_NB]
+            lo = chunk * E // NB
+            d[split] = (chunk + 1) * E // NB - lo
+        for k in range(4):
+            if d[k] == 0:
+                return
+        st = np.empty(4, np.int64)
+        _init_outputs(ins, OPD, addr, unit, chunk, lo, split, d, st)
+        nregs = regs.shape[0]
+        cv = np.zeros(nregs, np.float64)
+        for c in range(ins[I_CONST], ins[I_CONST] + ins[I_NCONST]):
+            cv[CST[c, 0]] = _const(CST, c, F, rc, addr, OPD, unit, chunk, lo, split)
+        # the operands: the loads in code order, then the outputs
+        c0, c1 = ins[I_CODE], ins[I_CODE] + ins[I_NCODE]
+        nq = ins[I_NOUT]
+        for k in range(c0, c1):
+            if CODE[k, 0] == OP_LOAD:
+                nq += 1
+        opd = np.empty(nq, np.int64)
+        q = 0
+        for k in range(c0, c1):
+            if CODE[k, 0] == OP_LOAD:
+                opd[q] = CODE[k, 2]
+                q += 1
+        for o in range(ins[I_OUT], ins[I_OUT] + ins[I_NOUT]):
+            opd[q] = o
+            q += 1
+        base = np.empty(nq, np.int64)     # the operand's address
+        off = np.empty(nq, np.int64)      # its offset (elements) for this unit and block
+        size = np.empty(nq, np.int64)
+        tile = np.zeros(nq, np.int64)     # an inner reduction's output: its tile buffer (its register)
+        ptr = np.empty(nq, np.int64)
+        strd = np.empty(nq, np.int64)
+        for q in range(nq):
+            o = opd[q]
+            base[q] = addr[OPD[o, O_ST]]
+            off[q] = _opd_off(OPD, o, unit, chunk, lo, split)
+            size[q] = _itemsize(OPD[o, O_DT])
+            strd[q] = OPD[o, O_S0 + 3]
+            if q >= nq - ins[I_NOUT] and OPD[o, O_MODE] >= M_SUM and OPD[o, O_S0 + 3] == 0:
+                tile[q] = regs[OPD[o, O_REG]:].ctypes.data
+        bb = np.zeros(2, np.int64)
+        fn = ins[I_FN]
+        inner = d[3]
+        ni = inner if inner < T else T
+        for i0 in range(d[0]):
+            for i1 in range(d[1]):
+                for i2 in range(d[2]):
+                    for j0 in range(0, inner, ni):
+                        nn = min(ni, inner - j0)
+                        for q in range(nq):
+                            o = opd[q]
+                            e = off[q] + i0 * OPD[o, O_S0] + i1 * OPD[o, O_S0 + 1] + i2 * OPD[o, O_S0 + 2]
+                            ptr[q] = tile[q] if tile[q] != 0 else base[q] + size[q] * (e + j0 * strd[q])
+                        call_kernel(fn, nn, ptr.ctypes.data, strd.ctypes.data, cv.ctypes.data)
+                        for q in range(nq):
+                            if tile[q] != 0:
+                                o = opd[q]
+                                bb[0] = off[q] + i0 * OPD[o, O_S0] + i1 * OPD[o, O_S0 + 1] + i2 * OPD[o, O_S0 + 2]
+                                c_reduce(tile[q], base[q], OPD[o, O_DT], bb.ctypes.data, 1, nn, j0, 0, OPD[o, O_MODE])
+
+    @numba.cfunc(_EXPR_SIG, cache=True, nopython=True, error_model="numpy")
+    def _fused_c(ins_p, opd_p, nopd, code_p, ncode, cst_p, ncst, f_p, nf, rc_p, nrc, addr_p, naddr, regs_p, nregs,
+                 unit, chunk):  # pragma: no cover - compiled
+        run_fused(numba.carray(p_i64(ins_p), (INS_W,)), numba.carray(p_i64(opd_p), (nopd, OPD_W)),
+                  numba.carray(p_i64(code_p), (ncode, 5)), numba.carray(p_i64(cst_p), (ncst, 3)),
+                  numba.carray(p_f64(f_p), (nf,)), numba.carray(p_f64(rc_p), (nrc,)),
+                  numba.carray(p_i64(addr_p), (naddr,)), numba.carray(p_f64(regs_p), (nregs, T)), unit, chunk)
+
+    _llvm.add_symbol("hetrl_vm_fused", _fused_c.address)
+    FUSED = types.ExternalFunction("hetrl_vm_fused", _EXPR_SIG)
+
     @numba.njit(cache=True, parallel=True)
     def touch(x):  # pragma: no cover - compiled
         """A parallel region (the first one in a process makes numba start its threading layer)."""
@@ -1033,6 +1146,10 @@ if numba is not None:
                     run_gemm(INS[i], OPD, F, addr, unit, chunk, ii, ff, tt)
                 elif kind == K_ADAM:
                     run_adam(INS[i], OPD, rc, addr, unit, chunk)
+                elif INS[i, I_FN] != 0:
+                    FUSED(INS[i:].ctypes.data, OPD.ctypes.data, OPD.shape[0], CODE.ctypes.data, CODE.shape[0],
+                          CST.ctypes.data, CST.shape[0], F.ctypes.data, F.shape[0], rc.ctypes.data, rc.shape[0],
+                          addr.ctypes.data, addr.shape[0], regs.ctypes.data, regs.shape[0], unit, chunk)
                 else:
                     EXPR(INS[i:].ctypes.data, OPD.ctypes.data, OPD.shape[0], CODE.ctypes.data, CODE.shape[0],
                          CST.ctypes.data, CST.shape[0], F.ctypes.data, F.shape[0], rc.ctypes.data, rc.shape[0],
