@@ -21,6 +21,7 @@ from torch import nn
 from hetrl.algos import make_algorithm
 from hetrl.config import make_config
 from hetrl.kernels.compiled import CompiledKernel, available, sgemm
+from hetrl.kernels.compiled.kernel import head_class
 
 pytestmark = pytest.mark.skipif(available() is not None, reason="numba/scipy not installed")
 
@@ -196,7 +197,8 @@ def test_one_and_two_lanes_give_the_same_bits(name, settings):
     critic_lanes = settings.pop("critic_lanes", True)
     k1, f1, ref = _pair(name, 1, critic_lanes=critic_lanes, **settings)
     k2, f2, _ = _pair(name, 2, critic_lanes=critic_lanes, **settings)
-    assert k1.path == k2.path == "head" and k1.threads_exact and k2.threads_exact
+    path = "head" if head_class(f1) is not None else "derived"   # (DQN's phase is derived: its head was removed)
+    assert k1.path == k2.path == path and k1.threads_exact and k2.threads_exact
     for one, two, want in _phases([k1, k2, ref], name):
         assert torch.equal(one, two)
         torch.testing.assert_close(one, want, rtol=1e-5, atol=1e-5)
@@ -367,11 +369,11 @@ def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
         for settings in ({}, {"activation": "tanh", "layer_norm": True}, {"net_arch": [7, 5, 3], "activation": "elu"}):
             cfg = make_config(name, ENV[name], {"net_arch": [8], **settings})
             assert CompiledKernel.check(make_algorithm(cfg, *(DQN_SPACES if name == "dqn" else AC_SPACES))) is None
-    # what a head has no piece for runs the phase derived from the algorithm's learn
+    # DQN has no head: its phase (dueling or not) is derived from its learn
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [8], "dueling": True})
     dueling = make_algorithm(cfg, *DQN_SPACES)
     assert CompiledKernel.check_path(dueling, "head") == (
-        "the Q network is dueling (value and advantage heads), which the compiled kernel has no piece for")
+        "DQN has no hand-derived head (its phase is derived from its learn)")
     assert CompiledKernel.check(dueling) is None and CompiledKernel.path_for(dueling) == "derived"
     pong = make_config("dqn", "ALE/Pong-v5", {"net_arch": []})
     pixels = make_algorithm(pong, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
@@ -740,7 +742,7 @@ def test_close_restores_the_thread_settings_it_changed():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["compiled"] == 1
     assert got["before"] == got["after"] and got["during"][0] == 1 and got["during"][1] == got["before"][1]
-    assert got["figures"] == {"gemm": "openblas", "lanes": 2, "path": "head"}
+    assert got["figures"] == {"gemm": "openblas", "lanes": 2, "path": "derived"}
     assert any(n == 1 for _, n in got["during"][2]) and got["during"][2] != got["before"][2]
 
 

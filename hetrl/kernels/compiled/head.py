@@ -38,8 +38,8 @@ except ImportError:  # pragma: no cover
 
 
 class Head:
-    """One algorithm's phase on the compiled pieces (subclasses: dqn.DQNHead, actor_critic.ActorCriticHead,
-    sac.SACHead)."""
+    """One algorithm's phase on the compiled pieces (subclasses: actor_critic.ActorCriticHead, sac.SACHead,
+    crossq.CrossQHead)."""
 
     algos: tuple[str, ...] = ()
 

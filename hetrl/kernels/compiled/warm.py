@@ -2,8 +2,9 @@
 
 numba compiles a function the first time a process calls it and caches the machine code on disk (keyed to the
 package's sources, cache.py). On a fresh install that first compile is a minute or more per hand-derived head, the
-acting forward and the VM that runs every phase derived from an algorithm's `learn`; a run pays it inside its first
-phases. `make install` runs this once, so that no run (and no test process, local actor or Ray worker) waits for
+acting forward and the VM that runs every phase derived from an algorithm's `learn`, and a fraction of a second per
+fused loop of a layer's passes (fused.py: one per signature, shared by every algorithm and width with that layer);
+a run pays it inside its first phases. `make install` runs this once, so that no run (and no test process, local actor or Ray worker) waits for
 it. Each group compiles in its own process, side by side; a group whose code is cached already loads it in
 seconds.
 """
@@ -14,9 +15,11 @@ import subprocess
 import sys
 import time
 
-# "derived" is the VM of the derived phase (one per machine, whatever the algorithm); the others are the built-ins
-# with a hand-derived head (HEADS in kernel.py), grouped so that the three processes take about the same time
+# "derived" is the VM of the derived phase (one per machine, whatever the algorithm) and the fused loops of the
+# built-ins without a head; the others are the built-ins' acting pieces and hand-derived heads (HEADS in kernel.py),
+# grouped so that the three processes take about the same time
 GROUPS = (("ddpg", "td3"), ("dqn", "sac"), ("crossq", "derived"))
+DERIVED = ("dqn", "ppo", "a2c")   # their phases at widths whose passes get fused loops (fused.MIN_ELEMENTS)
 
 
 def _algorithm(name: str, net_arch: list[int]):
@@ -47,13 +50,14 @@ def compile_here(name: str) -> None:
         from hetrl.algos import learn_spec
         from hetrl.kernels import synthetic_batch
 
-        algo, env = _algorithm("dqn", [8])
-        kernel = CompiledKernel(algo, path="derived")
-        batch = synthetic_batch(learn_spec(algo.cfg, env.observation_space, env.action_space), env.action_space,
-                                8, 1, "cpu")[0]
-        for _ in range(2):   # (the first phase is the public learn: it makes the optimizer's state)
-            kernel.learn(batch, torch.ones(1, 8))
-        kernel.close()
+        for algo_name in DERIVED:
+            algo, env = _algorithm(algo_name, [64, 64])
+            kernel = CompiledKernel(algo, path="derived")
+            batch = synthetic_batch(learn_spec(algo.cfg, env.observation_space, env.action_space), env.action_space,
+                                    64, 1, "cpu")[0]
+            for _ in range(2):   # (the first phase is the public learn: it makes the optimizer's state)
+                kernel.learn(batch, torch.ones(1, 64))
+            kernel.close()
         return
     algo, env = _algorithm(name, [8, 8])
     kernel = CompiledKernel(algo)
