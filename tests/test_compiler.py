@@ -236,6 +236,49 @@ def test_a_pinned_compiled_kernel_trains_a_users_algorithm(tmp_path):
     assert "declined" not in json.dumps(run.result)
 
 
+def test_a_populations_members_trace_their_first_phases_one_at_a_time(monkeypatch):
+    """A population's members learn from threads, and each traces its own first derived phase (its seed is in its
+    settings): the traces take turns (make_fx's tracing state is global to the process; two at once failed one of
+    them, whose member then ran its public learn)."""
+    import threading
+    import time
+
+    from hetrl.kernels.compiled import derived
+
+    inside, most, lock = [0], [0], threading.Lock()
+    trace = derived.trace_unit
+
+    def counted(*args):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.2)   # (a window in which another member's trace would start)
+        try:
+            return trace(*args)
+        finally:
+            with lock:
+                inside[0] -= 1
+    monkeypatch.setattr(derived, "trace_unit", counted)
+    kernels = []
+    for seed in (1, 2):
+        cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [32], "n_quantiles": 4, "seed": seed})
+        kernels.append(CompiledKernel(make_algorithm(cfg, *CARTPOLE)))
+    phases, weights = _phases(_maker("qrdqn", n_quantiles=4, net_arch=[32]), K=2, B=32, n=2)
+    for k in kernels:
+        k.learn(phases[0], weights)   # (the first phase is the public learn: it makes the optimizers' state)
+    threads = [threading.Thread(target=k.learn, args=(phases[1], weights)) for k in kernels]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert most[0] == 1 and all(k.declined is None and k.path == "derived" for k in kernels)
+        assert len({id(k.derived.unit_for(phases[1], weights)[0]) for k in kernels}) == 2   # a trace each
+    finally:
+        for k in kernels:
+            k.close()
+
+
 SECOND = r"""
 import sys, json, torch
 sys.path.insert(0, sys.argv[1])

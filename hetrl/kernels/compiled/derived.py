@@ -26,15 +26,15 @@ import time
 import numpy as np
 import torch
 
-from hetrl.kernels.compiled import vm
+from hetrl.kernels.compiled import fused, vm
 from hetrl.kernels.compiled.graph import convert
-from hetrl.kernels.compiled import fused
 from hetrl.kernels.compiled.program import Program, lower
 from hetrl.kernels.compiled.reference import draw as draw_into
 from hetrl.kernels.compiled.trace import Declined, assign, resolve, trace_unit
 
 _PROGRAMS: dict = {}
 _LOCK = threading.Lock()
+_TRACING = threading.Lock()   # held while a unit is traced and lowered (population members trace from threads)
 
 
 class Lanes:
@@ -233,12 +233,16 @@ class Derived:
         with _LOCK:
             got = _PROGRAMS.get(key)
         if got is None:
-            t0 = time.perf_counter()
-            b, w = unit_batch(batches, weights, U)
-            got = Unit(self.algo, b, w)
-            self.compile_s += time.perf_counter() - t0
-            with _LOCK:
-                _PROGRAMS[key] = got
+            with _TRACING:   # (one trace at a time: make_fx's tracing state is global to the process)
+                with _LOCK:
+                    got = _PROGRAMS.get(key)
+                if got is None:
+                    t0 = time.perf_counter()
+                    b, w = unit_batch(batches, weights, U)
+                    got = Unit(self.algo, b, w)
+                    self.compile_s += time.perf_counter() - t0
+                    with _LOCK:
+                        _PROGRAMS[key] = got
         return got, U
 
     def ready(self) -> str | None:
