@@ -792,6 +792,19 @@ if numba is not None:
     def c_init(addr, dt, off, d, st, value):  # pragma: no cover - compiled
         _init_region(addr, dt, off, numba.carray(p_i64(d), (4,)), numba.carray(p_i64(st), (4,)), value)
 
+    @numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+    def _block(ins, chunk, d):  # pragma: no cover - compiled
+        """d = a pass's dims for this task (its block of the split dim); the block's first index along that dim."""
+        for k in range(4):
+            d[k] = ins[I_D0 + k]
+        lo = np.int64(0)
+        split = ins[I_SPLIT]
+        if split >= 0:
+            E, NB = ins[I_EXT], ins[I_NB]
+            lo = chunk * E // NB
+            d[split] = (chunk + 1) * E // NB - lo
+        return lo
+
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def _init_outputs(ins, OPD, addr, unit, chunk, lo, split, d, st):  # pragma: no cover - compiled
         """A pass's reductions start from their identity over this unit's and block's region."""
@@ -831,17 +844,10 @@ if numba is not None:
     @numba.njit(cache=True, nogil=True, error_model="numpy")
     def run_expr(ins, OPD, CODE, CST, F, rc, addr, regs, lines, bases, unit, chunk):  # pragma: no cover - compiled
         d = np.empty(4, np.int64)
-        for k in range(4):
-            d[k] = ins[I_D0 + k]
-        lo = np.int64(0)
+        lo = _block(ins, chunk, d)
         split = ins[I_SPLIT]
-        if split >= 0:   # the task's block of the split dim
-            E, NB = ins[I_EXT], ins[I_NB]
-            lo = chunk * E // NB
-            d[split] = (chunk + 1) * E // NB - lo
-        for k in range(4):
-            if d[k] == 0:
-                return
+        if d.min() == 0:
+            return
         nout = ins[I_NOUT]
         nregs = regs.shape[0]
         rp = regs.ctypes.data
@@ -1028,17 +1034,10 @@ if numba is not None:
         """The pass as run_expr computes it, through its fused loop: this walks the lines and the tiles of T elements
         (as run_expr does), makes each operand's address, and hands the inner reductions' tiles to _reduce."""
         d = np.empty(4, np.int64)
-        for k in range(4):
-            d[k] = ins[I_D0 + k]
-        lo = np.int64(0)
+        lo = _block(ins, chunk, d)
         split = ins[I_SPLIT]
-        if split >= 0:
-            E, NB = ins[I_EXT], ins[I_NB]
-            lo = chunk * E // NB
-            d[split] = (chunk + 1) * E // NB - lo
-        for k in range(4):
-            if d[k] == 0:
-                return
+        if d.min() == 0:
+            return
         st = np.empty(4, np.int64)
         _init_outputs(ins, OPD, addr, unit, chunk, lo, split, d, st)
         nregs = regs.shape[0]
