@@ -19,7 +19,8 @@ Instructions:
   tiles of up to T elements: loads (strided, broadcast, gathered through index registers, or the iteration index),
   arithmetic, and outputs stored, accumulated, scattered or reduced (sum, prod, max, min, argmax, argmin) over the
   dims whose output stride is 0. Registers are float64 (float32 data is computed in float64 and rounded where it is
-  stored; integers up to 2**53 stay exact).
+  stored; integers up to 2**53 stay exact). A pass with a generated fused loop (fused.py; its address in I_FN) runs
+  through it instead (`run_fused`), with the same bits.
 * GEMM: C = alpha op(A) op(B) + beta C on the machine's float32 GEMM (sgemm.py), for row-major or transposed operands,
   in one call per task (a block of C's rows or columns), looped over a batch dim for batched products.
 """

@@ -4,9 +4,9 @@ numba compiles a function the first time a process calls it and caches the machi
 package's sources, cache.py). On a fresh install that first compile is a minute or more per hand-derived head, the
 acting forward and the VM that runs every phase derived from an algorithm's `learn`, and a fraction of a second per
 fused loop of a layer's passes (fused.py: one per signature, shared by every algorithm and width with that layer);
-a run pays it inside its first phases. `make install` runs this once, so that no run (and no test process, local actor or Ray worker) waits for
-it. Each group compiles in its own process, side by side; a group whose code is cached already loads it in
-seconds.
+a run pays it inside its first phases. `make install` runs this once, so that no run (and no test process, local
+actor or Ray worker) waits for it. Each group compiles in its own process, side by side; a group whose code is
+cached already loads it in seconds.
 """
 
 from __future__ import annotations
