@@ -226,6 +226,22 @@ def test_what_cannot_be_lowered_is_one_line_naming_the_op_and_the_algorithm(cls,
     assert any(line in e for e in choice.explain())
 
 
+def test_what_a_phase_declines_is_in_the_kernels_figures():
+    """What is found only at a phase (here a read of a tensor's value) runs the public learn from then on, and the
+    kernel's figures (which the run's result.json holds) say why, in one line."""
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
+    kernel = CompiledKernel(ReadsQRDQN(cfg, *CARTPOLE))
+    try:
+        phases, weights = _phases(lambda: ReadsQRDQN(cfg, *CARTPOLE), K=2, B=32)
+        assert "learner_kernel_declined" not in kernel.figures()
+        for b in phases:
+            kernel.learn(b, weights)
+        line = kernel.figures()["learner_kernel_declined"]
+        assert line == kernel.declined and "ReadsQRDQN" in line and "\n" not in line
+    finally:
+        kernel.close()
+
+
 def test_a_pinned_compiled_kernel_trains_a_users_algorithm(tmp_path):
     import hetrl
 

@@ -317,11 +317,14 @@ class CompiledKernel(Kernel):
     def figures(self) -> dict:
         """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_note": why not the one
         asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows", "lane_fallbacks":
-        the times a phase on several lanes was slower than on one and the next ran on one (where any)}."""
+        the times a phase on several lanes was slower than on one and the next ran on one (where any),
+        "learner_kernel_declined": why its phases run the public learn (where they do)}."""
         out = {"gemm": self.gemm, "lanes": self._lanes}
         if sgemm.note() or self._gemm_note:
             out["gemm_note"] = self._gemm_note or sgemm.note()
         out["path"] = self.path
+        if self.declined:   # (found at a phase: the public learn runs from then on; result.json says why)
+            out["learner_kernel_declined"] = self.declined
         if self.head is not None and self.head.lane_split:
             out["lane_split"] = self.head.lane_split
         if self.guard is not None and self.guard.fallbacks:
