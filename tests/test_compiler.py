@@ -83,6 +83,14 @@ def test_docs_extending_twinq_is_compiled():
     _equal_on_the_derived_path(_maker("twinq"))
 
 
+def _same_bits(one, two):
+    """Two runs' (|TD| per phase, state_dict) of a QR-DQN: the same bits."""
+    (td1, s1), (td2, s2) = one, two
+    assert all(torch.equal(a, b) for a, b in zip(td1, td2))
+    p1, p2 = s1["nets"]["q"] if "nets" in s1 else s1["q"], s2["nets"]["q"] if "nets" in s2 else s2["q"]
+    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+
+
 def test_one_and_two_threads_give_the_same_bits():
     """Rows run in fixed blocks whose partial sums are added in a fixed order, whatever the number of lanes."""
     make = _maker("qrdqn", n_quantiles=8)
@@ -100,10 +108,7 @@ def test_one_and_two_threads_give_the_same_bits():
         finally:
             kernel.close()
         results.append((tds, algo.state_dict()))
-    (td1, s1), (td2, s2) = results
-    assert all(torch.equal(a, b) for a, b in zip(td1, td2))
-    p1, p2 = s1["nets"]["q"] if "nets" in s1 else s1["q"], s2["nets"]["q"] if "nets" in s2 else s2["q"]
-    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+    _same_bits(*results)
 
 
 def test_the_fused_loops_give_the_interpreters_bits(monkeypatch):
@@ -128,10 +133,7 @@ def test_the_fused_loops_give_the_interpreters_bits(monkeypatch):
         finally:
             kernel.close()
         results.append((tds, algo.state_dict()))
-    (td1, s1), (td2, s2) = results
-    assert all(torch.equal(a, b) for a, b in zip(td1, td2))
-    p1, p2 = s1["nets"]["q"] if "nets" in s1 else s1["q"], s2["nets"]["q"] if "nets" in s2 else s2["q"]
-    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+    _same_bits(*results)
 
 
 def test_the_lane_governor_drops_to_one_lane_where_it_is_faster_and_tries_again():
