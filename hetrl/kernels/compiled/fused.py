@@ -60,11 +60,11 @@ _BINARY = {
     vm.OP_AND: "(1.0 if {x} != 0 and {y} != 0 else 0.0)", vm.OP_OR: "(1.0 if {x} != 0 or {y} != 0 else 0.0)",
     vm.OP_XOR: "(1.0 if ({x} != 0) != ({y} != 0) else 0.0)",
 }
-# loads: the value of element k of a typed pointer, as the interpreter's _load / _mem_get makes it
-_LOAD = {vm.DT_F32: ("p_f32", 4, "np.float64({v})"), vm.DT_F64: ("p_f64", 8, "{v}"),
-         vm.DT_I64: ("p_i64", 8, "np.float64({v})"), vm.DT_I32: ("p_i32", 4, "np.float64({v})"),
-         vm.DT_U8: ("p_u8", 1, "np.float64({v})"), vm.DT_BOOL: ("p_u8", 1, "np.float64({v})"),
-         vm.DT_I8: ("p_i8", 1, "np.float64({v})"), vm.DT_I16: ("p_i16", 2, "np.float64({v})")}
+# per dtype: its typed pointer, and an element's value as the interpreter's _load / _mem_get makes it
+_LOAD = {vm.DT_F32: ("p_f32", "np.float64({v})"), vm.DT_F64: ("p_f64", "{v}"), vm.DT_I64: ("p_i64", "np.float64({v})"),
+         vm.DT_I32: ("p_i32", "np.float64({v})"), vm.DT_U8: ("p_u8", "np.float64({v})"),
+         vm.DT_BOOL: ("p_u8", "np.float64({v})"), vm.DT_I8: ("p_i8", "np.float64({v})"),
+         vm.DT_I16: ("p_i16", "np.float64({v})")}
 
 
 def _cls(s: int) -> int:
@@ -93,8 +93,8 @@ def signature(prog, i: int) -> tuple | None:
             code.append(("tri", dst, op, a, b, c))
         else:
             return None
-    consts = tuple((int(r), int(kind)) for r, kind, _ in prog.CST[int(ins[vm.I_CONST]):
-                                                                  int(ins[vm.I_CONST] + ins[vm.I_NCONST])])
+    # the constants' registers (their values, of whatever kind, are filled in by the VM's run_fused)
+    consts = tuple(int(r) for r in prog.CST[int(ins[vm.I_CONST]):int(ins[vm.I_CONST] + ins[vm.I_NCONST]), 0])
     outs = []
     for o in range(int(ins[vm.I_OUT]), int(ins[vm.I_OUT] + ins[vm.I_NOUT])):
         row = prog.OPD[o]
@@ -113,7 +113,7 @@ def source(sig: tuple, name: str) -> str:
     code, consts, outs = sig
     loads = [c for c in code if c[0] == "ld"]
     nq = len(loads) + len(outs)
-    nr = 1 + max([c[1] for c in code] + [r for r, _ in consts] + [o[2] for o in outs])
+    nr = 1 + max([c[1] for c in code] + list(consts) + [o[2] for o in outs])
     used = " ".join(_UNARY.get(c[2], "") for c in code if c[0] == "un")
     helpers = [h for h in ("_exp", "_log", "_log1p", "_expm1", "_tanh") if h + "(" in used]
     ptrs = sorted({_LOAD[c[2]][0] for c in loads} | {_LOAD[o[1]][0] for o in outs} | {"p_i64", "p_f64"})
@@ -127,7 +127,7 @@ def source(sig: tuple, name: str) -> str:
     w(f"    ptr = numba.carray(p_i64(P), ({nq},))")
     w(f"    st = numba.carray(p_i64(S), ({nq},))")
     w(f"    cv = numba.carray(p_f64(C), ({nr},))")
-    for r, _ in consts:
+    for r in consts:
         w(f"    r{r} = cv[{r}]")
     q = 0
     qof = {}
@@ -135,7 +135,7 @@ def source(sig: tuple, name: str) -> str:
         if c[0] != "ld":
             continue
         qof[k] = q
-        p_, size, _ = _LOAD[c[2]]
+        p_ = _LOAD[c[2]][0]
         if c[3] == 1:
             w(f"    v{q} = numba.carray({p_}(ptr[{q}]), (nn,))")
         elif c[3] == 0:
@@ -158,7 +158,7 @@ def source(sig: tuple, name: str) -> str:
     for k, c in enumerate(code):
         kind, dst = c[0], c[1]
         if kind == "ld":
-            conv, qq = _LOAD[c[2]][2], qof[k]
+            conv, qq = _LOAD[c[2]][1], qof[k]
             v = {1: f"v{qq}[j]", 0: f"v{qq}"}.get(c[3], f"v{qq}[j * s{qq}]")
             w(f"{ind}r{dst} = " + conv.format(v=v))
         elif kind == "un":
