@@ -1043,20 +1043,20 @@ os.nice(5)   # behind the stages' own work
 t = time.perf_counter()
 out = {"name": name}
 try:
-    import gymnasium as gym
-    from hetrl.algos import make_algorithm
-    from hetrl.config import make_config
-    from hetrl.kernels.compiled import CompiledKernel, available
+    from hetrl.kernels.compiled import available
+    from hetrl.kernels.compiled.kernel import HEADS
+    from hetrl.kernels.compiled.warm import compile_here
     why = available()
     out["available"] = why is None
     if why:
         out["error"] = why
     else:
-        cfg = make_config(name, "CartPole-v1" if name == "dqn" else "Pendulum-v1", {})
-        e = gym.make(cfg.env)
-        kernel = CompiledKernel(make_algorithm(cfg, e.observation_space, e.action_space, "cpu"))
-        out["compile_s"] = kernel.compile_s
-        kernel.close()
+        # what `hetrl warm` compiles for it: its acting piece and its head, or where it has no head the VM of
+        # the phase derived from its learn, with the fused loops
+        compile_here(name)
+        if name not in {h.lower() for h in HEADS}:
+            compile_here("derived")
+        out["compile_s"] = time.perf_counter() - t
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"[:500]
 out["wall_s"] = time.perf_counter() - t
