@@ -244,6 +244,17 @@ def test_what_a_phase_declines_is_in_the_kernels_figures():
         kernel.close()
 
 
+def test_a_generator_draw_torch_cannot_trace_names_the_torch_that_can():
+    """torch before 2.13 cannot trace `torch.randn(..., generator=g)` (fx: "argument of type: <class
+    'torch._C.Generator'>"); the declined line says which torch can, and says nothing more where the torch is 2.13."""
+    from hetrl.kernels.compiled.trace import generator_hint
+
+    msg = "argument of type: <class 'torch._C.Generator'>"
+    hint = generator_hint(msg, "2.11.0+cu130")
+    assert "torch 2.11.0 cannot trace a draw from a torch.Generator" in hint and "pip install torch==2.13.0" in hint
+    assert generator_hint(msg, "2.13.0+cpu") == "" and generator_hint("aten.cumsum has no lowering", "2.11.0") == ""
+
+
 def test_a_pinned_compiled_kernel_trains_a_users_algorithm(tmp_path):
     import hetrl
 

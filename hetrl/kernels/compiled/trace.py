@@ -424,12 +424,12 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
             raise Declined(f"{who}'s learn reads a tensor's value in Python (.item(), float(), a branch on a tensor) "
                            f"at {_algo_line(sys.exc_info()[2])}, which a compiled phase cannot replay") from None
         raise Declined(f"{who}'s learn cannot be traced at {_algo_line(sys.exc_info()[2])}: "
-                       f"{msg.splitlines()[0][:200]}") from None
+                       f"{msg.splitlines()[0][:200]}{generator_hint(msg)}") from None
     except Declined:
         raise
     except Exception as e:
         raise Declined(f"{who}'s learn cannot be traced at {_algo_line(sys.exc_info()[2])}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+                       f"{str(e).splitlines()[0][:200] if str(e) else ''}{generator_hint(str(e))}") from None
     finally:
         torch.distributions.Distribution.set_default_validate_args(validate)
     generators = _graph_generators(gm, {path: obj for path, obj in found.values() if isinstance(obj, torch.Generator)},
@@ -441,6 +441,19 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     inputs = list(zip(keys + ["weights"], placeholders))
     return Trace(gm, inputs, roots, root_meta, generators, replay, assigned, state.get("aliased", []), optim_groups,
                  tuple(hyper), units, residue, who)
+
+
+def generator_hint(msg: str, version: str | None = None) -> str:
+    """What to do where tracing failed on a draw from a torch.Generator: torch before 2.13 cannot trace one (its fx
+    has no argument type for a generator; 2.13, the version hetrl installs, has)."""
+    version = version or torch.__version__
+    if "Generator" not in msg or "argument of type" not in msg:
+        return ""
+    major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2] if x.isdigit())
+    if major_minor >= (2, 13):
+        return ""
+    return (f" (torch {version.split('+')[0]} cannot trace a draw from a torch.Generator; torch 2.13, which hetrl's "
+            f"set-up installs, can: pip install torch==2.13.0)")
 
 
 def _graph_generators(gm, twins: dict, who: str) -> dict[int, tuple | None]:
