@@ -136,6 +136,32 @@ def test_the_fused_loops_give_the_interpreters_bits(monkeypatch):
     _same_bits(*results)
 
 
+def test_temporaries_inside_one_job_share_memory_and_the_bits_stay(monkeypatch):
+    """A row job's temporaries that no later segment reads share arena slabs in the job's order (a target network's
+    activations): a smaller arena, and the same bits on two lanes, whose tasks run a job's blocks at once."""
+    from hetrl.kernels.compiled import derived, program
+
+    make = _maker("qrdqn", n_quantiles=8, net_arch=[64, 64])
+    phases, weights = _phases(make, K=4, B=128)
+    results, arenas = [], []
+    for slabs in (True, False):
+        monkeypatch.setattr(program, "JOB_SLABS", slabs)
+        monkeypatch.setattr(derived, "_PROGRAMS", {})
+        torch.manual_seed(0)
+        algo = make()
+        kernel = CompiledKernel(algo)
+        try:
+            kernel.use_threads(2)
+            tds = [kernel.learn(b, weights) for b in phases]
+            assert kernel.path == "derived" and kernel.declined is None and kernel.derived.lanes_run.get(2)
+            arenas.append(sum(u.prog.arena_bytes for u in derived._PROGRAMS.values()))
+        finally:
+            kernel.close()
+        results.append((tds, algo.state_dict()))
+    assert arenas[0] < arenas[1], arenas
+    _same_bits(*results)
+
+
 def test_the_lane_governor_drops_to_one_lane_where_it_is_faster_and_tries_again():
     """A phase's bits do not depend on its lanes, so the lanes follow the clock: the first phases alternate n and
     one, then n while n is not slower than one, one lane while it is faster (a small phase, a core another process

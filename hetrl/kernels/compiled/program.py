@@ -42,6 +42,7 @@ SPAN = 1 << 15           # elements per span of a large global pass
 BIG = 1 << 15            # a global pass of at least this many elements is split into spans
 GEMM_CHUNK = 64          # output rows (or columns) per task of a global matrix product
 ALIGN = 64               # bytes: arena offsets
+JOB_SLABS = True         # temporaries living inside one row job share memory in the job's order (Encoder._job_slabs)
 
 DTYPES = {torch.float32: vm.DT_F32, torch.float64: vm.DT_F64, torch.int64: vm.DT_I64, torch.int32: vm.DT_I32,
           torch.uint8: vm.DT_U8, torch.bool: vm.DT_BOOL, torch.int8: vm.DT_I8, torch.int16: vm.DT_I16}
@@ -1227,7 +1228,7 @@ class Encoder:
             self.slot_of[b.id] = len(self.slots)
             self.base_of[b.id] = 0
             self.slots.append(slot)
-        # the arena: temporaries by lifetime (segments), first fit
+        # the arena: temporaries by lifetime (segments), first fit; those living inside one job share slabs first
         life: dict[int, list[int]] = {}
         for s, seg in enumerate(self.segs):
             for job in seg:
@@ -1236,11 +1237,16 @@ class Encoder:
                         if self.bufs[a.buf].kind == "temp":
                             lf = life.setdefault(a.buf, [s, s])
                             lf[0], lf[1] = min(lf[0], s), max(lf[1], s)
+        units = []                      # (nbytes, first seg, last seg, the temporaries at its start)
+        slabbed = set()
+        for nbytes, s, group in self._job_slabs(temps):
+            units.append((nbytes, s, s, group))
+            slabbed.update(group)
+        units += [(b.numel * _itemsize(b.dtype), *life.get(b.id, (0, 0)), [b.id]) for b in temps
+                  if b.id not in slabbed]
         placed: list[tuple[int, int, int, int]] = []   # (start byte, end byte, first seg, last seg)
         offs = {}
-        for b in sorted(temps, key=lambda b: -b.numel * _itemsize(b.dtype)):
-            nbytes = b.numel * _itemsize(b.dtype)
-            f, l = life.get(b.id, (0, 0))
+        for nbytes, f, l, group in sorted(units, key=lambda u: -u[0]):
             start = 0
             for (s0, e0, f0, l0) in sorted(placed):
                 if f0 > l or l0 < f:
@@ -1249,7 +1255,8 @@ class Encoder:
                     continue
                 start = max(start, _align(e0))
             placed.append((start, start + nbytes, f, l))
-            offs[b.id] = start
+            for b in group:
+                offs[b] = start
         size = _align(max((e for _, e, _, _ in placed), default=0)) + ALIGN
         arena = len(self.slots)
         self.slots.append(Slot("arena", torch.uint8, size))
@@ -1257,6 +1264,51 @@ class Encoder:
             self.slot_of[b.id] = arena
             self.base_of[b.id] = offs[b.id] // _itemsize(b.dtype)
         self.arena_bytes = size
+
+    def _job_slabs(self, temps) -> list:
+        """Temporaries that live inside one row job share memory in the order the job's passes run: a block's task
+        runs them one after another, so one whose last pass comes before another's first can hold the same bytes.
+        Tasks of other blocks run at the same time, so only temporaries whose every access is row-local, with one row
+        stride and within a row's own elements, share (a block then touches the same rows of every one of them: its
+        own bytes). [(bytes, segment, the temporaries of one slab)]"""
+        if not JOB_SLABS:
+            return []
+        info: dict[int, list] = {}      # buf -> [{(seg, job)}, first pass, last pass, row stride or None]
+        for s, seg in enumerate(self.segs):
+            for jb, job in enumerate(seg):
+                rows = self.kinds[s][jb][0] == "rows"
+                for p, it in enumerate(job):
+                    for a in it.accesses:
+                        if self.bufs[a.buf].kind != "temp":
+                            continue
+                        rec = info.setdefault(a.buf, [set(), p, p, None if a.row is None else a.row[0]])
+                        rec[0].add((s, jb))
+                        rec[1], rec[2] = min(rec[1], p), max(rec[2], p)
+                        if not rows or a.row is None or a.row[0] <= 0 or a.row[0] != rec[3] or a.row[1] < 0 \
+                                or a.row[2] > a.row[0]:
+                            rec[3] = None
+        outs = {b for _, b, _ in self.outputs}
+        groups: dict[tuple, list] = {}
+        for b in temps:
+            rec = info.get(b.id)
+            if rec is None or len(rec[0]) != 1 or rec[3] is None or b.id in outs:
+                continue
+            (s, jb), rs = next(iter(rec[0])), rec[3]
+            if b.numel != self.kinds[s][jb][1] * rs:
+                continue
+            groups.setdefault((s, jb, rs * _itemsize(b.dtype)), []).append((rec[1], rec[2], b.id))
+        out = []
+        for (s, jb, row_bytes), bufs in groups.items():
+            slabs: list[list] = []      # [last pass, buffers]
+            for first, last, b in sorted(bufs):
+                slab = next((sl for sl in slabs if sl[0] < first), None)
+                if slab is None:
+                    slabs.append([last, [b]])
+                else:
+                    slab[0] = last
+                    slab[1].append(b)
+            out += [(row_bytes * self.kinds[s][jb][1], s, sl[1]) for sl in slabs if len(sl[1]) > 1]
+        return out
 
     def fconst(self, v: float) -> int:
         got = self.fidx.get(v)

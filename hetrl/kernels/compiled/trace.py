@@ -374,7 +374,6 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     groups = {}
     hyper = []
     for opt in optimizers_of(tw):
-        opath = found.get(id(opt))
         for gi, g in enumerate(opt.param_groups):
             if g.get("fused"):
                 groups[tuple(id(p) for p in g["params"])] = (id(opt), gi)
