@@ -183,11 +183,11 @@ def settings_key(algo) -> tuple:
     return (type(algo), repr(cfg), tuple(getattr(algo, "obs_shape", ())), repr(getattr(algo, "act_space", None)), held)
 
 
-def hyper_key(algo) -> tuple:
+def hyper_key(algo, optimizers=None) -> tuple:
     """The hyper-parameters a trace folds (optimizers other than Adam/AdamW): a change means a new trace."""
     from hetrl.kernels.compiled.trace import PLAIN, optimizers_of
     out = []
-    for opt in optimizers_of(algo):
+    for opt in optimizers_of(algo) if optimizers is None else optimizers:
         if type(opt) in (torch.optim.Adam, torch.optim.AdamW):
             continue
         for g in opt.param_groups:
@@ -222,6 +222,7 @@ class Derived:
         self.compile_s = 0.0    # seconds this object spent tracing and lowering (a program another made is free)
         self._lanes: dict = {}  # (program, lanes asked) -> its Lanes
         self.lanes_run: dict[int, int] = {}   # lanes -> phases run on that many
+        self._optimizers: tuple | None = None  # (the ids of the attributes holding optimizers, the optimizers)
 
     def unit_for(self, batches, weights) -> tuple[Unit, int]:
         """(the program for this phase's units, U)."""
@@ -229,7 +230,7 @@ class Derived:
         U = math.gcd(K, self.period)
         r = int(self.algo.updates) % self.period
         shapes = tuple((k, tuple(v.shape[1:]), v.dtype) for k, v in sorted(batches.items()))
-        key = (self.skey, U, r, shapes, tuple(weights.shape[1:]), hyper_key(self.algo))
+        key = (self.skey, U, r, shapes, tuple(weights.shape[1:]), hyper_key(self.algo, self.optimizers()))
         with _LOCK:
             got = _PROGRAMS.get(key)
         if got is None:
@@ -245,10 +246,19 @@ class Derived:
                         _PROGRAMS[key] = got
         return got, U
 
+    def optimizers(self) -> list:
+        """The optimizers the algorithm holds, found by a walk of its objects once (the walk costs tens of
+        microseconds, a phase of a small network not much more) and again where an attribute holding an optimizer
+        is replaced."""
+        from hetrl.kernels.compiled.trace import optimizers_of
+        held = tuple(id(v) for v in vars(self.algo).values() if isinstance(v, torch.optim.Optimizer))
+        if self._optimizers is None or self._optimizers[0] != held:
+            self._optimizers = (held, optimizers_of(self.algo))
+        return self._optimizers[1]
+
     def ready(self) -> str | None:
         """None where every optimizer the algorithm holds has its state (made by its first step), else why not."""
-        from hetrl.kernels.compiled.trace import optimizers_of
-        for opt in optimizers_of(self.algo):
+        for opt in self.optimizers():
             for g in opt.param_groups:
                 for p in g["params"]:
                     if p.requires_grad and not opt.state.get(p):
