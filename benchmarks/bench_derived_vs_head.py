@@ -36,8 +36,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=6.0, help="seconds of timed rounds per algorithm")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
     for name in a.algos.split(","):
+        # each algorithm at the asked threads: closing the last one's kernels restores the count each found, and the
+        # one opened second found the first's torch held to one thread (CompiledKernel.use_threads)
+        torch.set_num_threads(a.threads)
         env = gym.make(ENVS[name])
         spaces = (env.observation_space, env.action_space)
         cfg = make_config(name, ENVS[name], {})
