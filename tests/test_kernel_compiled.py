@@ -650,24 +650,29 @@ def test_a_recorded_gemm_other_than_the_bound_one_runs_on_the_bound_one_and_says
 
 @pytest.mark.skipif("mkl" not in sgemm.candidates(), reason="one GEMM only in this torch build")
 def test_the_gemm_is_probed_once_per_machine_and_later_processes_bind_that_one(tmp_path):
-    """bind(None) in a machine's first process probes both GEMMs and records the faster in the machine's kernel
-    cache; a later process binds the recorded one without a probe, so every learner shape whose kernel is
-    measured later runs on the same GEMM."""
-    def bound():
-        p = _run(CHECK, "-", cache_dir=tmp_path)
+    """bind(None) in a machine's first process probes both GEMMs, on wide products and on thin ones (sgemm.THIN),
+    and records the faster of each in the machine's kernel cache; a later process binds the recorded ones without a
+    probe, so every learner shape whose kernel is measured later runs on the same GEMMs; HETRL_SGEMM pins both."""
+    def bound(pin=None):
+        p = _run(CHECK, "-", env_value=pin, cache_dir=tmp_path)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout.strip().splitlines()[-1])
 
     first = bound()
     assert first["report"]["by"] == "probe" and {"mkl_s", "openblas_s"} <= set(first["report"])
+    assert {"thin_mkl_s", "thin_openblas_s"} <= set(first["report"]) and first["report"]["thin"] in ("mkl", "openblas")
     cache = next(tmp_path.glob("kernels-*.json"))
     data = json.loads(cache.read_text())
-    assert data["gemm"]["name"] == first["name"]
+    assert data["gemm"]["name"] == first["name"] and data["gemm"]["thin_name"] == first["report"]["thin"]
     other = "openblas" if first["name"] == "mkl" else "mkl"
-    data["gemm"]["name"] = other   # the record decides, not a probe
+    thin_other = "openblas" if first["report"]["thin"] == "mkl" else "mkl"
+    data["gemm"]["name"], data["gemm"]["thin_name"] = other, thin_other   # the record decides, not a probe
     cache.write_text(json.dumps(data))
     second = bound()
     assert second["name"] == other and second["report"]["by"] == "machine" and "mkl_s" not in second["report"]
+    assert second["report"]["thin"] == thin_other and "thin_mkl_s" not in second["report"]
+    pinned = bound(pin=first["name"])
+    assert pinned["name"] == pinned["report"]["thin"] == first["name"] and pinned["worst"] < 1e-3
 
 
 def test_hetrl_sgemm_pins_the_choice_and_an_unknown_name_is_one_line(monkeypatch):
@@ -745,6 +750,7 @@ def test_close_restores_the_thread_settings_it_changed():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["compiled"] == 1
     assert got["before"] == got["after"] and got["during"][0] == 1 and got["during"][1] == got["before"][1]
+    assert got["figures"].pop("gemm_thin") in ("openblas", "mkl")   # (the machine's choice for thin products)
     assert got["figures"] == {"gemm": "openblas", "lanes": 2, "path": "derived"}
     assert any(n == 1 for _, n in got["during"][2]) and got["during"][2] != got["before"][2]
 

@@ -378,15 +378,18 @@ def remember(key: str, choice: Choice) -> None:
     _update_cache(change)
 
 
-def machine_gemm() -> str | None:
-    """The GEMM this machine's first probe chose (sgemm.bind(None) binds it in every later process), or None."""
+def machine_gemm(kind: str = "") -> str | None:
+    """The GEMM this machine's first probe chose (sgemm.bind(None) binds it in every later process), or None;
+    kind "thin": the one chosen for thin products (sgemm.THIN)."""
     got = _read_cache().get("gemm")
-    return got.get("name") if isinstance(got, dict) else None
+    return got.get(f"{kind}_name" if kind else "name") if isinstance(got, dict) else None
 
 
-def remember_gemm(name: str, seconds: dict) -> None:
+def remember_gemm(name: str, seconds: dict, kind: str = "") -> None:
     def change(data: dict) -> None:
-        data["gemm"] = {"name": name, "probe_s": seconds}
+        rec = data.get("gemm") if isinstance(data.get("gemm"), dict) else {}
+        rec.update({f"{kind}_name" if kind else "name": name, f"{kind}_probe_s" if kind else "probe_s": seconds})
+        data["gemm"] = rec
     _update_cache(change)
 
 

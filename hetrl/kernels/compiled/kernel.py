@@ -315,11 +315,11 @@ class CompiledKernel(Kernel):
         """(Compiled in __init__; the lanes' buffers are made by the first phase of a shape.)"""
 
     def figures(self) -> dict:
-        """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_note": why not the one
-        asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows", "lane_fallbacks":
+        """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_thin": the one its thin
+        products run on (sgemm.THIN), "gemm_note": why not the one asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows", "lane_fallbacks":
         the times a phase on several lanes was slower than on one and the next ran on one (where any),
         "learner_kernel_declined": why its phases run the public learn (where they do)}."""
-        out = {"gemm": self.gemm, "lanes": self._lanes}
+        out = {"gemm": self.gemm, "gemm_thin": sgemm.chosen_thin(), "lanes": self._lanes}
         if sgemm.note() or self._gemm_note:
             out["gemm_note"] = self._gemm_note or sgemm.note()
         out["path"] = self.path

@@ -14,6 +14,14 @@ multiplies is linked, by `bind(name)`:
 * `HETRL_SGEMM=mkl|openblas` in the environment pins it over either (read only: nothing here writes the
   environment).
 
+*Thin products* (an output of at most THIN columns and more rows than that: a first layer's weight gradient
+on a few observation features, the gradient into a critic's few action inputs) get a GEMM of their own, bound
+beside the main one: the faster of the two on such products, by a probe of its own recorded in the same place
+(`select.machine_gemm("thin")`), and the pinned one where HETRL_SGEMM is set. Libraries differ most there: MKL
+took 122 us for a 256 x 4 output over 400 (6.7 GFLOP/s) where OpenBLAS took 15 on an AMD EPYC, while the two
+were within 5% of each other on the wide products. Which one runs is a function of the product's shape only, so
+a phase's bits still do not depend on its lanes.
+
 MKL's symbols are looked up by name in torch's shared library; builds without them (other platforms, a torch
 that keeps them local) leave OpenBLAS, and `note()` says why. The chosen function is bound to a symbol that
 `dot` calls and numba resolves by name when it links a kernel, so numba's cache of the kernels stays valid
@@ -36,6 +44,8 @@ import numpy as np
 
 ENV = "HETRL_SGEMM"
 NAMES = ("mkl", "openblas")
+THIN = 8          # a row-major product whose output has at most THIN columns and more rows is thin
+THIN_SHAPES = ((256, 400, 4), (400, 256, 3))   # (m, k, n) of its probe: a critic's input gradient, a weight's
 _bound: dict[str, object] = {}
 _lock = threading.Lock()   # a learner thread and an acting thread may both ask first
 
@@ -48,6 +58,9 @@ try:  # numba is a dependency; the kernel's check() reports its absence
     SGEMM = _nt.ExternalFunction("hetrl_kernels_sgemm", _nt.void(*([_nt.intp] * 13)))
     # int set_local_threads(int n): MKL's thread-local limit (returns the previous one; 0: none), else a no-op
     BLAS_LOCAL = _nt.ExternalFunction("hetrl_kernels_blas_local", _nt.int32(_nt.int32))
+    # the same two for thin products (THIN)
+    SGEMM_THIN = _nt.ExternalFunction("hetrl_kernels_sgemm_thin", _nt.void(*([_nt.intp] * 13)))
+    BLAS_LOCAL_THIN = _nt.ExternalFunction("hetrl_kernels_blas_local_thin", _nt.int32(_nt.int32))
 
     @numba.cfunc("int32(int32)", cache=True)
     def _no_local_limit(n):  # pragma: no cover - compiled
@@ -174,16 +187,44 @@ def _bind_once(name: str | None) -> None:
                         times[n] = min(times.get(n, float("inf")), time_gemm(g, loc))
                 want = min(times, key=times.get)
                 remember_gemm(want, times)
+    thin, thin_times = _thin_choice(have, want)
     g, loc = have[want]
     _llvm.add_symbol("hetrl_kernels_sgemm", g)
     _llvm.add_symbol("hetrl_kernels_blas_local", loc)
-    _bound.update(name=want, seconds=times, note=note, address=g,
+    _llvm.add_symbol("hetrl_kernels_sgemm_thin", have[thin][0])
+    _llvm.add_symbol("hetrl_kernels_blas_local_thin", have[thin][1])
+    _bound.update(name=want, seconds=times, note=note, address=g, thin=thin, thin_seconds=thin_times,
+                  thin_address=have[thin][0],
                   by="pinned" if pinned() else "asked" if name else "probe" if times else "machine")
+
+
+def _thin_choice(have: dict, want: str) -> tuple[str, dict]:
+    """The GEMM for thin products: the pinned one (HETRL_SGEMM), else the machine's recorded choice, else the
+    faster of the two on THIN_SHAPES (timed alternating, recorded for every later process)."""
+    if pinned() or len(have) == 1:
+        return want, {}
+    from hetrl.kernels.select import machine_gemm, remember_gemm
+
+    got = machine_gemm("thin")
+    if got in have:
+        return got, {}
+    times: dict[str, float] = {}
+    for _ in range(2):   # alternating
+        for n, (g, loc) in have.items():
+            times[n] = min(times.get(n, float("inf")), time_gemm(g, loc, THIN_SHAPES))
+    thin = min(times, key=times.get)
+    remember_gemm(thin, times, "thin")
+    return thin, times
 
 
 def chosen() -> str | None:
     """The bound GEMM's name (None before bind())."""
     return _bound.get("name")
+
+
+def chosen_thin() -> str | None:
+    """The GEMM bound for thin products (None before bind())."""
+    return _bound.get("thin")
 
 
 def note() -> str:
@@ -194,7 +235,8 @@ def note() -> str:
 def report() -> dict:
     """For the profile and `hetrl plan`: the bound GEMM, where bind() timed them each one's seconds, and the note."""
     out = {"chosen": _bound.get("name"), "by": _bound.get("by"),
-           **{f"{n}_s": t for n, t in _bound.get("seconds", {}).items()}}
+           **{f"{n}_s": t for n, t in _bound.get("seconds", {}).items()}, "thin": _bound.get("thin"),
+           **{f"thin_{n}_s": t for n, t in _bound.get("thin_seconds", {}).items()}}
     if _bound.get("note"):
         out["note"] = _bound["note"]
     return out
@@ -222,7 +264,7 @@ def _library_of(addr: int) -> str | None:
 def limit_openblas() -> None:
     """Hold the OpenBLAS library `dot` calls to one thread (nothing for MKL, limited per call); counted, so that
     each kernel's restore_openblas() undoes it only when no other kernel in the process still needs it."""
-    if _bound.get("name") != "openblas":
+    if "openblas" not in (_bound.get("name"), _bound.get("thin")):
         return
     with _lock:
         _openblas["users"] = int(_openblas["users"]) + 1
@@ -230,7 +272,7 @@ def limit_openblas() -> None:
             from threadpoolctl import ThreadpoolController
 
             ctl = ThreadpoolController()
-            path = _library_of(int(_bound["address"]))
+            path = _library_of(int(_bound["address" if _bound.get("name") == "openblas" else "thin_address"]))
             picked = ctl.select(filepath=path) if path else ctl.select(internal_api="openblas")
             if not picked.lib_controllers:   # (the library not found by its path: every OpenBLAS)
                 picked = ctl.select(internal_api="openblas")
@@ -287,6 +329,13 @@ if numba is not None:
         tt = np.empty(2, np.uint8)
         tt[0] = 78 if mb == 0 else 84   # 'N' / 'T'
         tt[1] = 78 if ma == 0 else 84
+        if n <= THIN and m > THIN:
+            prev = BLAS_LOCAL_THIN(1)
+            SGEMM_THIN(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
+                       ii[2:].ctypes.data, ff[0:].ctypes.data, b.ctypes.data, ii[3:].ctypes.data, a.ctypes.data,
+                       ii[4:].ctypes.data, ff[1:].ctypes.data, out.ctypes.data, ii[5:].ctypes.data)
+            BLAS_LOCAL_THIN(prev)
+            return
         prev = BLAS_LOCAL(1)
         SGEMM(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
               ii[2:].ctypes.data, ff[0:].ctypes.data, b.ctypes.data, ii[3:].ctypes.data, a.ctypes.data,
