@@ -764,3 +764,22 @@ def test_use_threads_and_close_in_this_process():
     assert torch.get_num_threads() == threads
     kernel.close()   # (twice: nothing more)
     assert torch.get_num_threads() == threads
+
+
+def test_kernels_closed_in_the_order_they_were_opened_give_torch_its_threads_back():
+    """Two kernels in one process (a population's members, a kernel timed beside another), each running at the
+    learner's threads, closed first-opened first: torch has the count it had before the first, not the one the
+    second found (one thread, held by the first)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (k1, _, r1), (k2, _, r2) = _pair("dqn", 2), _pair("dqn", 2)
+        _learn_both(k1, r1, 2, 0)
+        _learn_both(k2, r2, 2, 1)
+        assert torch.get_num_threads() == 1
+        k1.close()
+        assert torch.get_num_threads() == 1   # (k2 still runs phases)
+        k2.close()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

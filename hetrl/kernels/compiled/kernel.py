@@ -95,6 +95,29 @@ def derived_check(algo) -> str | None:
     return None
 
 
+# torch held to one thread while any compiled kernel of the process runs phases: the count it had before the first
+# kernel held it comes back when the last one lets go, in whatever order they close (a population's members, a
+# kernel timed beside another); each kernel keeping the count it found would leave one thread where the first
+# closed before the second
+_torch_hold: dict = {"users": 0, "threads": None}
+_torch_lock = threading.Lock()
+
+
+def _hold_torch() -> None:
+    with _torch_lock:
+        if _torch_hold["users"] == 0:
+            _torch_hold["threads"] = torch.get_num_threads()
+        _torch_hold["users"] += 1
+
+
+def _release_torch() -> None:
+    with _torch_lock:
+        _torch_hold["users"] -= 1
+        if _torch_hold["users"] <= 0:
+            _torch_hold["users"] = 0
+            torch.set_num_threads(int(_torch_hold["threads"]))
+
+
 class LaneGuard:
     """A stall detector for a phase's lanes. A lane whose core another process holds makes the others wait for the
     task it is in; where that makes a phase on n lanes slower than the last estimate of the same phase on one lane,
@@ -194,7 +217,7 @@ class CompiledKernel(Kernel):
         self.guard = LaneGuard() if lane_guard else None
         self.declined = None
         self.threads = 0                # the learner's threads (use_threads); 0: torch's count
-        self._torch_threads: int | None = None   # torch's count before use_threads set it to one
+        self._holds_torch = False      # whether use_threads holds torch to one thread (_hold_torch)
         self._lanes = 0
         self._numba: dict[int, list[int]] = {}   # thread id -> [its count before, the count set]
         sgemm.limit_openblas()
@@ -297,8 +320,9 @@ class CompiledKernel(Kernel):
         phase: sampling, acting, publishing) on one: two thread pools on the same cores fight for them (a 2-thread
         SAC update took 12 ms with torch on two threads against 6 ms with torch on one)."""
         self.threads = max(1, int(n))
-        if self._torch_threads is None:
-            self._torch_threads = torch.get_num_threads()
+        if not self._holds_torch:
+            self._holds_torch = True
+            _hold_torch()
         torch.set_num_threads(1)
 
     def wrap_policy(self, policy):
@@ -337,9 +361,9 @@ class CompiledKernel(Kernel):
         if self._closed:
             return
         self._closed = True
-        if self._torch_threads is not None:
-            torch.set_num_threads(self._torch_threads)
-            self._torch_threads = None
+        if self._holds_torch:
+            self._holds_torch = False
+            _release_torch()
         got = self._numba.pop(threading.get_ident(), None)   # (a thread's own: given back where close() runs)
         if got is not None:
             numba.set_num_threads(got[0])
