@@ -369,15 +369,12 @@ def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
         for settings in ({}, {"activation": "tanh", "layer_norm": True}, {"net_arch": [7, 5, 3], "activation": "elu"}):
             cfg = make_config(name, ENV[name], {"net_arch": [8], **settings})
             assert CompiledKernel.check(make_algorithm(cfg, *(DQN_SPACES if name == "dqn" else AC_SPACES))) is None
-    # DQN and SAC have no head: their phases (DQN's dueling or not) are derived from their learn
+    # DQN has no head: its phase (dueling or not) is derived from its learn
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [8], "dueling": True})
     dueling = make_algorithm(cfg, *DQN_SPACES)
     assert CompiledKernel.check_path(dueling, "head") == (
         "DQN has no hand-derived head (its phase is derived from its learn)")
     assert CompiledKernel.check(dueling) is None and CompiledKernel.path_for(dueling) == "derived"
-    sac = make_algorithm(make_config("sac", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
-    assert CompiledKernel.check_path(sac, "head") == "SAC has no hand-derived head (its phase is derived from its learn)"
-    assert CompiledKernel.path_for(sac) == "derived"
     pong = make_config("dqn", "ALE/Pong-v5", {"net_arch": []})
     pixels = make_algorithm(pong, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
     assert "pixels" in CompiledKernel.check(pixels)
@@ -385,13 +382,13 @@ def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
     ddpg.critic.q[1] = nn.Dropout(0.1)   # no parameters: the flat buffer is unchanged
     assert CompiledKernel.check_path(ddpg, "head") == (
         "the critic's layer 1 is a Dropout, which the compiled kernel has no piece for")
-    td3 = make_algorithm(make_config("td3", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
-    td3.critics[1].q[1] = nn.GELU()
-    assert CompiledKernel.check_path(td3, "head") == (
+    sac = make_algorithm(make_config("sac", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
+    sac.critics[1].q[1] = nn.GELU()
+    assert CompiledKernel.check_path(sac, "head") == (
         "critic 2's layer 1 is a GELU, which the compiled kernel has no piece for")
-    assert CompiledKernel.check(td3) is None and CompiledKernel.path_for(td3) == "derived"
+    assert CompiledKernel.check(sac) is None and CompiledKernel.path_for(sac) == "derived"
     with pytest.raises(ValueError, match="critic 2's layer 1 is a GELU"):
-        CompiledKernel(td3, path="head")
+        CompiledKernel(sac, path="head")
 
 
 def test_check_declines_float64_and_a_subclass_gets_the_derived_phase():
@@ -528,7 +525,7 @@ def test_heads_share_their_scratch_per_thread_and_each_still_equals_its_public_l
 
     gc.collect()
     before = _Scratch.heads
-    (k1, _, r1), (k2, _, r2) = _pair("ddpg", threads=2), _pair("ddpg", threads=2)
+    (k1, _, r1), (k2, _, r2) = _pair("sac", threads=2), _pair("sac", threads=2)
     for seed in range(3):
         _learn_both(k1, r1, 2, seed)
         _learn_both(k2, r2, 2, 10 + seed)

@@ -2,7 +2,7 @@
 
 It wraps any algorithm on the protocol from outside. Its phase is *derived* from the algorithm's own `learn`
 (derived.py: traced with make_fx, lowered onto the bound GEMM and the VM's fused passes over fixed row blocks; see
-docs/compiled.md); a built-in whose hand-derived loss head is still measured faster (HEADS: actor_critic.py and
+docs/compiled.md); a built-in whose hand-derived loss head is still measured faster (HEADS: actor_critic.py, sac.py,
 crossq.py over layers.py and optim.py) runs that head. `check(algo)` says in one line why it does not take
 an algorithm (pixels, a GPU, float64); what is found only by tracing (an operation without a lowering, a read of a
 tensor's value in Python) is one line in `declined` after the first phases, which then run the public learn.
@@ -57,7 +57,7 @@ def threadsafe_layer() -> str | None:
 # only while it is measured faster than the derived phase (docs/compiled.md); every other algorithm, and a built-in
 # its head does not take, runs the phase derived from its own learn (derived.py)
 HEADS = {"DDPG": ("actor_critic", "ActorCriticHead"),
-         "TD3": ("actor_critic", "ActorCriticHead"), "CrossQ": ("crossq", "CrossQHead")}
+         "TD3": ("actor_critic", "ActorCriticHead"), "SAC": ("sac", "SACHead"), "CrossQ": ("crossq", "CrossQHead")}
 
 
 def head_class(algo):
@@ -340,8 +340,9 @@ class CompiledKernel(Kernel):
 
     def figures(self) -> dict:
         """{"gemm": the GEMM its products run on (the option that makes it again), "gemm_thin": the one its thin
-        products run on (sgemm.THIN), "gemm_note": why not the one asked for (where so), "lanes": the last phase's, "lane_split": TD3's "critics" or "rows", "lane_fallbacks":
-        the times a phase on several lanes was slower than on one and the next ran on one (where any),
+        products run on (sgemm.THIN), "gemm_note": why not the one asked for (where so), "lanes": the last phase's,
+        "lane_split": TD3's "critics" or "rows", "lane_fallbacks": the times a phase on several lanes was slower
+        than on one and the next ran on one (where any),
         "learner_kernel_declined": why its phases run the public learn (where they do)}."""
         out = {"gemm": self.gemm, "gemm_thin": sgemm.chosen_thin(), "lanes": self._lanes}
         if sgemm.note() or self._gemm_note:

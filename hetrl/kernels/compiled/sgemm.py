@@ -17,10 +17,10 @@ multiplies is linked, by `bind(name)`:
 *Thin products* (an output of at most THIN columns and more rows than that: a first layer's weight gradient
 on a few observation features, the gradient into a critic's few action inputs) get a GEMM of their own, bound
 beside the main one: the faster of the two on such products, by a probe of its own recorded in the same place
-(`select.machine_gemm("thin")`), and the pinned one where HETRL_SGEMM is set. Libraries differ most there: MKL
-took 122 us for a 256 x 4 output over 400 (6.7 GFLOP/s) where OpenBLAS took 15 on an AMD EPYC, where MKL was
-the faster on the wide products. Which one runs is a function of the product's shape only, so
-a phase's bits still do not depend on its lanes.
+(`select.machine_gemm("thin")`), and the pinned one where HETRL_SGEMM is set. Libraries differ most there: on an
+AMD EPYC whose faster GEMM on wide products is MKL, MKL took 122 us for a 256 x 4 output over 400 (6.7 GFLOP/s)
+and OpenBLAS 15. Which one runs is a function of the product's shape only, so a phase's bits still do not depend
+on its lanes.
 
 MKL's symbols are looked up by name in torch's shared library; builds without them (other platforms, a torch
 that keeps them local) leave OpenBLAS, and `note()` says why. The chosen function is bound to a symbol that
