@@ -37,8 +37,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     for name in a.algos.split(","):
-        # each algorithm at the asked threads: closing the last one's kernels restores the count each found, and the
-        # one opened second found the first's torch held to one thread (CompiledKernel.use_threads)
+        # each algorithm at the asked threads (time_kernels reads them from torch, which its kernels hold to one)
         torch.set_num_threads(a.threads)
         env = gym.make(ENVS[name])
         spaces = (env.observation_space, env.action_space)

@@ -329,17 +329,24 @@ if numba is not None:
         tt = np.empty(2, np.uint8)
         tt[0] = 78 if mb == 0 else 84   # 'N' / 'T'
         tt[1] = 78 if ma == 0 else 84
+        call(m, n, tt, ii, ff, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+    def call(m, n, tt, ii, ff, pa, pb, pc):  # pragma: no cover - compiled
+        """Fortran's sgemm for a row-major (m x n) C at pc from A at pa and B at pb (tt: the transposes, ii: the
+        column-major n, m, k, ldb, lda, ldc, ff: alpha, beta) on one thread: on the thin products' GEMM where the
+        output is thin (THIN), else on the bound one."""
         if n <= THIN and m > THIN:
             prev = BLAS_LOCAL_THIN(1)
             SGEMM_THIN(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
-                       ii[2:].ctypes.data, ff[0:].ctypes.data, b.ctypes.data, ii[3:].ctypes.data, a.ctypes.data,
-                       ii[4:].ctypes.data, ff[1:].ctypes.data, out.ctypes.data, ii[5:].ctypes.data)
+                       ii[2:].ctypes.data, ff[0:].ctypes.data, pb, ii[3:].ctypes.data, pa, ii[4:].ctypes.data,
+                       ff[1:].ctypes.data, pc, ii[5:].ctypes.data)
             BLAS_LOCAL_THIN(prev)
             return
         prev = BLAS_LOCAL(1)
         SGEMM(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
-              ii[2:].ctypes.data, ff[0:].ctypes.data, b.ctypes.data, ii[3:].ctypes.data, a.ctypes.data,
-              ii[4:].ctypes.data, ff[1:].ctypes.data, out.ctypes.data, ii[5:].ctypes.data)
+              ii[2:].ctypes.data, ff[0:].ctypes.data, pb, ii[3:].ctypes.data, pa, ii[4:].ctypes.data,
+              ff[1:].ctypes.data, pc, ii[5:].ctypes.data)
         BLAS_LOCAL(prev)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -981,18 +981,7 @@ if numba is not None:
             ff[0], ff[1] = alpha, beta
             tt[0] = 78 if tb == 0 else 84
             tt[1] = 78 if ta == 0 else 84
-            if N <= sgemm.THIN and M > sgemm.THIN:   # a thin product: the GEMM bound for those
-                prev = sgemm.BLAS_LOCAL_THIN(1)
-                sgemm.SGEMM_THIN(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
-                                 ii[2:].ctypes.data, ff[0:].ctypes.data, pb, ii[3:].ctypes.data, pa,
-                                 ii[4:].ctypes.data, ff[1:].ctypes.data, pc, ii[5:].ctypes.data)
-                sgemm.BLAS_LOCAL_THIN(prev)
-                continue
-            prev = sgemm.BLAS_LOCAL(1)
-            sgemm.SGEMM(tt[0:].ctypes.data, tt[1:].ctypes.data, ii[0:].ctypes.data, ii[1:].ctypes.data,
-                        ii[2:].ctypes.data, ff[0:].ctypes.data, pb, ii[3:].ctypes.data, pa, ii[4:].ctypes.data,
-                        ff[1:].ctypes.data, pc, ii[5:].ctypes.data)
-            sgemm.BLAS_LOCAL(prev)
+            sgemm.call(M, N, tt, ii, ff, pa, pb, pc)
 
     @numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
     def _major(s0, s1, r, c):  # pragma: no cover - compiled
