@@ -5,6 +5,7 @@ line what it cannot lower, and a later process compiles nothing."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -397,6 +398,39 @@ def test_a_network_or_optimizer_changed_after_construction_is_traced_again():
         phases, weights = _phases(make, K=2, B=32)
         ok, detail = check_equal(make, CompiledKernel, phases, weights)
         assert ok and not detail.get("declined"), (edit, detail)
+
+
+def test_a_phase_follows_state_tensors_replaced_or_given_new_memory_between_phases():
+    """A phase keeps the addresses it bound while each state tensor is the same object on the same memory: a
+    parameter given new memory (`p.data = ...`), an optimizer's state loaded from a checkpoint, a batch refilled in
+    place and new batch tensors are all what the next phase reads and steps."""
+    make = _maker("qrdqn", n_quantiles=8)
+    phases, weights = _phases(make, K=2, B=32, n=6)
+    fast, ref = make(), make()
+    ref.load_state_dict(fast.state_dict())
+    kernel = CompiledKernel(fast)
+    batch = {k: torch.zeros_like(v) for k, v in phases[0].items()}
+    try:
+        for i, b in enumerate(phases):
+            if i == 3:
+                for algo in (fast, ref):
+                    for p in algo.q.parameters():
+                        p.data = p.data.clone()
+            if i == 4:
+                saved = ref.state_dict()   # (its tensors are the live ones, and an optimizer loads what it is given)
+                for algo in (fast, ref):
+                    algo.load_state_dict(copy.deepcopy(saved))
+            fed = b   # (new tensors, or the one set refilled)
+            if i % 2:
+                for k, v in b.items():
+                    batch[k].copy_(v)
+                fed = batch
+            torch.testing.assert_close(kernel.learn(fed, weights), ref.learn(b, weights), rtol=1e-5, atol=1e-5)
+        assert kernel.derived.lanes_run and kernel.declined is None
+        for (k, a), (_, c) in zip(sorted(fast.q.state_dict().items()), sorted(ref.q.state_dict().items())):
+            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5, msg=k)
+    finally:
+        kernel.close()
 
 
 def test_a_policy_without_a_net_attribute_acts_as_it_is():

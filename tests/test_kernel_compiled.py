@@ -332,17 +332,37 @@ class _Public:
         return self.algo.learn(b, w)
 
 
-def test_a_loaded_checkpoint_replaces_the_optimizer_state_the_kernel_reads():
-    """The kernel keeps numpy views of torch Adam's tensors only while they are the same objects: a state loaded
-    into the algorithm between phases is the one the next phase steps."""
-    kernel, fast, ref = _pair("sac")
-    _learn_both(kernel, ref, 2, 0)
+@pytest.mark.parametrize("name", ["td3", "sac"])   # (a head; the derived phase)
+def test_a_loaded_checkpoint_replaces_the_optimizer_state_the_kernel_reads(name):
+    """The kernel keeps its addresses of torch's tensors only while they are the same objects: a state loaded into
+    the algorithm between phases is the one the next phase steps."""
+    kernel, fast, ref = _pair(name)
+    for seed in range(3):   # (the derived phase: its first phase is the public learn's, the next two its own)
+        _learn_both(kernel, ref, 2, seed)
     saved = copy.deepcopy(ref.state_dict())   # (a state dict's tensors are the live ones)
-    _learn_both(kernel, ref, 2, 1)
+    _learn_both(kernel, ref, 2, 3)
     fast.load_state_dict(copy.deepcopy(saved))   # (an optimizer loads the tensors it is given, not copies)
     ref.load_state_dict(copy.deepcopy(saved))
-    _learn_both(kernel, ref, 2, 2)
+    _learn_both(kernel, ref, 2, 4)
     _same_state(fast, ref)
+
+
+def test_a_first_derived_phase_writes_its_losses_on_the_algorithm_not_its_class():
+    """An algorithm loaded from a checkpoint runs the derived phase from its first phase, before `learn` ever set
+    its own `stats`: the losses are written on it, not into the class-level default every algorithm reads."""
+    from hetrl.algorithm import Algorithm
+
+    kernel, fast, ref = _pair("dqn")
+    for seed in range(2):
+        _learn_both(kernel, ref, 2, seed)
+    loaded = make_algorithm(ref.cfg, *DQN_SPACES)
+    loaded.load_state_dict(copy.deepcopy(ref.state_dict()))
+    k2 = CompiledKernel(loaded)
+    _OPEN.append(k2)
+    k2.use_threads(1)
+    assert "stats" not in vars(loaded)
+    _learn_both(k2, ref, 2, 2)
+    assert k2.derived.lanes_run and set(loaded.stats) == {"loss"} and Algorithm.stats == {}
 
 
 def test_a_per_parameter_adam_checkpoint_loads_into_the_flat_optimizer():
@@ -369,12 +389,15 @@ def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
         for settings in ({}, {"activation": "tanh", "layer_norm": True}, {"net_arch": [7, 5, 3], "activation": "elu"}):
             cfg = make_config(name, ENV[name], {"net_arch": [8], **settings})
             assert CompiledKernel.check(make_algorithm(cfg, *(DQN_SPACES if name == "dqn" else AC_SPACES))) is None
-    # DQN has no head: its phase (dueling or not) is derived from its learn
+    # DQN and SAC have no head: their phases (DQN's dueling or not) are derived from their learn
     cfg = make_config("dqn", "CartPole-v1", {"net_arch": [8], "dueling": True})
     dueling = make_algorithm(cfg, *DQN_SPACES)
     assert CompiledKernel.check_path(dueling, "head") == (
         "DQN has no hand-derived head (its phase is derived from its learn)")
     assert CompiledKernel.check(dueling) is None and CompiledKernel.path_for(dueling) == "derived"
+    sac = make_algorithm(make_config("sac", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
+    assert CompiledKernel.check_path(sac, "head") == "SAC has no hand-derived head (its phase is derived from its learn)"
+    assert CompiledKernel.path_for(sac) == "derived"
     pong = make_config("dqn", "ALE/Pong-v5", {"net_arch": []})
     pixels = make_algorithm(pong, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
     assert "pixels" in CompiledKernel.check(pixels)
@@ -382,13 +405,13 @@ def test_check_takes_the_built_in_algorithms_and_names_what_it_declines():
     ddpg.critic.q[1] = nn.Dropout(0.1)   # no parameters: the flat buffer is unchanged
     assert CompiledKernel.check_path(ddpg, "head") == (
         "the critic's layer 1 is a Dropout, which the compiled kernel has no piece for")
-    sac = make_algorithm(make_config("sac", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
-    sac.critics[1].q[1] = nn.GELU()
-    assert CompiledKernel.check_path(sac, "head") == (
+    td3 = make_algorithm(make_config("td3", "Pendulum-v1", {"net_arch": [8]}), *AC_SPACES)
+    td3.critics[1].q[1] = nn.GELU()
+    assert CompiledKernel.check_path(td3, "head") == (
         "critic 2's layer 1 is a GELU, which the compiled kernel has no piece for")
-    assert CompiledKernel.check(sac) is None and CompiledKernel.path_for(sac) == "derived"
+    assert CompiledKernel.check(td3) is None and CompiledKernel.path_for(td3) == "derived"
     with pytest.raises(ValueError, match="critic 2's layer 1 is a GELU"):
-        CompiledKernel(sac, path="head")
+        CompiledKernel(td3, path="head")
 
 
 def test_check_declines_float64_and_a_subclass_gets_the_derived_phase():
@@ -525,7 +548,7 @@ def test_heads_share_their_scratch_per_thread_and_each_still_equals_its_public_l
 
     gc.collect()
     before = _Scratch.heads
-    (k1, _, r1), (k2, _, r2) = _pair("sac", threads=2), _pair("sac", threads=2)
+    (k1, _, r1), (k2, _, r2) = _pair("ddpg", threads=2), _pair("ddpg", threads=2)
     for seed in range(3):
         _learn_both(k1, r1, 2, seed)
         _learn_both(k2, r2, 2, 10 + seed)

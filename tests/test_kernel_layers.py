@@ -124,9 +124,9 @@ def test_other_networks_are_declined_with_a_line():
 def test_numbas_cache_of_the_kernel_is_keyed_to_all_of_its_sources():
     """A head's cached machine code contains the pieces it calls from other files: its cache entry is stamped with
     every source of the package, so an edit of any of them compiles the heads again."""
-    from hetrl.kernels.compiled import cache, sac
+    from hetrl.kernels.compiled import cache, crossq
 
-    locator = sac.phase._cache._impl.locator
+    locator = crossq.phase._cache._impl.locator
     assert locator.get_source_stamp() == cache.package_stamp()
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hetrl.algos.nets import LOG_STD_MAX, LOG_STD_MIN
 from hetrl.kernels.compiled.head import (
     Alpha,
     Declined,
@@ -53,12 +54,13 @@ try:
     from hetrl.kernels.compiled.layers import (
         backward_with,
         forward_with,
+        gemm,
         grad_buffers,
         mat,
+        tanh32,
         tape,
     )
     from hetrl.kernels.compiled.optim import clip_adam, lanes_clip_adam, n_blocks, ticket
-    from hetrl.kernels.compiled.sac import _heads_grad, _squashed
 except ImportError:  # pragma: no cover
     numba = None
 
@@ -223,6 +225,65 @@ class CrossQHead(Head):
 
 
 if numba is not None:
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _squashed(ops, fc, heads, actor, x, t, e, mean, lsr, u, a, logp, state, train):  # pragma: no cover
+        """The actor on x: its body (program ops; BRN statistics in `state`, training mode where `train`), the mean
+        and raw log_std heads, u = mean + exp(clamp(log_std)) e, a = tanh(u), log pi(a|s) with the stable tanh
+        correction (CrossQ's Actor.sample)."""
+        B, A = mean.shape
+        h = forward_with(ops, fc, actor, x, t, state, train)
+        H = h.shape[1]
+        mw, mb, lw, lb = heads[0], heads[1], heads[2], heads[3]
+        gemm(h, actor[mw:mw + A * H].reshape((A, H)).T, mean, np.float32(0.0))
+        gemm(h, actor[lw:lw + A * H].reshape((A, H)).T, lsr, np.float32(0.0))
+        half_log_2pi, log2 = np.float32(0.5 * np.log(2 * np.pi)), np.float32(np.log(2.0))
+        for i in range(B):
+            s = np.float32(0.0)
+            for j in range(A):
+                m = mean[i, j] + actor[mb + j]
+                mean[i, j] = m
+                r = lsr[i, j] + actor[lb + j]
+                lsr[i, j] = r
+                ls = min(max(r, np.float32(LOG_STD_MIN)), np.float32(LOG_STD_MAX))
+                uu = m + np.exp(ls) * e[i, j]
+                u[i, j] = uu
+                a[i, j] = tanh32(uu)
+                z = np.float32(-2.0) * uu
+                sp = z if z > 20 else np.log1p(np.exp(z))   # softplus (torch's threshold 20)
+                s += np.float32(-0.5) * e[i, j] * e[i, j] - ls - half_log_2pi
+                s -= np.float32(2.0) * (log2 - uu - sp)
+            logp[i] = s
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def _heads_grad(ga_, a, lsr, e, alpha_n, h, heads, actor, agrad, dmean, dls, dh):  # pragma: no cover - compiled
+        """The actor loss's gradient through the squashed Gaussian and its two Linear heads: ga_ the loss's gradient
+        w.r.t. the actions a = tanh(u), alpha_n the entropy term's weight per row (alpha / B); the heads' gradients
+        into agrad, the body's output's into dh."""
+        R, A = a.shape
+        one = np.float32(1.0)
+        for i in range(R):
+            for j in range(A):
+                # d/du: through a = tanh(u) and the log-prob's correction (d log pi / du = 2 tanh(u))
+                du = ga_[i, j] * (one - a[i, j] * a[i, j]) + alpha_n * np.float32(2.0) * a[i, j]
+                dmean[i, j] = du
+                r = lsr[i, j]
+                inside = r >= np.float32(LOG_STD_MIN) and r <= np.float32(LOG_STD_MAX)
+                dls[i, j] = (du * np.exp(r) * e[i, j] - alpha_n) if inside else np.float32(0.0)
+        H = h.shape[1]
+        mw, mb, lw, lb = heads[0], heads[1], heads[2], heads[3]
+        zero = np.float32(0.0)
+        gemm(dmean.T, h, agrad[mw:mw + A * H].reshape((A, H)), zero)
+        gemm(dls.T, h, agrad[lw:lw + A * H].reshape((A, H)), zero)
+        for j in range(A):
+            sm, sl = zero, zero
+            for i in range(R):
+                sm += dmean[i, j]
+                sl += dls[i, j]
+            agrad[mb + j] = sm
+            agrad[lb + j] = sl
+        gemm(dmean, actor[mw:mw + A * H].reshape((A, H)), dh, zero)
+        gemm(dls, actor[lw:lw + A * H].reshape((A, H)), dh, one)
+
     # Calls in a prange body pass the lane as int64 (see actor_critic.py).
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")

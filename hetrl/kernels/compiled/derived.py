@@ -37,6 +37,14 @@ _LOCK = threading.Lock()
 _TRACING = threading.Lock()   # held while a unit is traced and lowered (population members trace from threads)
 
 
+def _median(xs) -> float:
+    """The median of a few floats, in Python: a phase's own bookkeeping runs on caches the phase has just emptied,
+    where a numpy call costs tens of microseconds."""
+    x = sorted(xs)
+    h = len(x) // 2
+    return float(x[h]) if len(x) % 2 else 0.5 * (x[h - 1] + x[h])
+
+
 class Lanes:
     """How many lanes run one program's phases where n > 1 are asked for: n, or one where one is measured faster.
 
@@ -93,7 +101,7 @@ class Lanes:
         return self.use
 
     def _prefer(self) -> int:
-        one, many = float(np.median(self.times[1])), float(np.median(self.times[self.n]))
+        one, many = _median(self.times[1]), _median(self.times[self.n])
         return 1 if one * self.MARGIN < many else self.n
 
     def _choose(self, now: float) -> None:
@@ -103,7 +111,7 @@ class Lanes:
         else:
             self.gap = self.GAP_S
         self.use = use
-        self.base = float(np.median(self.times[use]))
+        self.base = _median(self.times[use])
         self.tried_at, self.since, self.trying = now, 0, False
 
     def record(self, lanes: int, s_per_unit: float, now: float | None = None) -> None:
@@ -123,7 +131,7 @@ class Lanes:
                 return
             self._choose(now)
             return
-        med = float(np.median(t))
+        med = _median(t)
         if len(t) >= self.KEEP and self.base > 0 and not self.base / self.SHIFT <= med <= self.base * self.SHIFT:
             self.due = True
             self.gap = self.GAP_S
@@ -210,6 +218,42 @@ def unit_batch(batches: dict, weights: torch.Tensor, U: int) -> tuple[dict, torc
     return {k: v[:U].contiguous() for k, v in batches.items()}, weights[:U].contiguous()
 
 
+class Bound:
+    """One program's slots bound for phases of `units` units on one algorithm object: the buffers' and literals'
+    addresses (kept), and the state tensors last found at the traced paths (looked up again each phase)."""
+
+    def __init__(self, d: "Derived", unit: Unit, units: int):
+        prog = unit.prog
+        self.addr = np.zeros(len(prog.slots), np.int64)
+        self.state: list[tuple] = []      # (slot, path, bytes)
+        self.tensors: list = []           # the tensors last bound to them (None: not yet)
+        self.ptrs: list[int] = []
+        self.inputs: list[tuple] = []     # (slot, batch field or "weights", dtype, elements)
+        self.fed: list = []               # the tensors last bound to them
+        self.result: tuple | None = None  # (slot, elements, dtype) of the phase's result
+        self.outs: dict = {}              # output k > 0 -> its array
+        self.arrays: dict = {}            # slot -> its buffer (the draws', the arena, outputs k > 0)
+        for i, s in enumerate(prog.slots):
+            if s.kind == "state":
+                path, nbytes = s.info
+                self.state.append((i, path, nbytes))
+                self.tensors.append(None)
+                self.ptrs.append(0)
+            elif s.kind == "input":
+                self.inputs.append((i, s.info, s.dtype, s.numel * units))
+                self.fed.append(None)
+            elif s.kind == "literal":
+                self.addr[i] = s.info.ctypes.data
+            elif s.kind == "out" and s.info == 0:
+                self.result = (i, s.numel * (units if s.per_unit else 1), _numpy_dtype(s.dtype))
+            else:
+                arr = d._array(unit, i, s, units)
+                self.addr[i] = arr.ctypes.data
+                self.arrays[i] = arr
+                if s.kind == "out":
+                    self.outs[s.info] = arr
+
+
 class Derived:
     """Runs an algorithm's phases on derived programs (see the module docstring)."""
 
@@ -223,14 +267,23 @@ class Derived:
         self._lanes: dict = {}  # (program, lanes asked) -> its Lanes
         self.lanes_run: dict[int, int] = {}   # lanes -> phases run on that many
         self._optimizers: tuple | None = None  # (the ids of the attributes holding optimizers, the optimizers)
+        self._ready: tuple | None = None  # the optimizers' state dicts when every parameter was last found in them
+        self._last: tuple | None = None   # (the last phase's shapes and folded hyper-parameters, its (unit, U))
+        self._bound: dict = {}            # (program, units) -> Bound
 
     def unit_for(self, batches, weights) -> tuple[Unit, int]:
         """(the program for this phase's units, U)."""
         K = int(weights.shape[0])
         U = math.gcd(K, self.period)
         r = int(self.algo.updates) % self.period
+        if self._optimizers is None:   # (learn's ready() walks them each phase)
+            self.optimizers()
+        hk = hyper_key(self.algo, self._optimizers[2]) if self._optimizers[2] else ()
+        quick = (K, r, tuple((k, v.shape, v.dtype) for k, v in batches.items()), weights.shape, hk)
+        if self._last is not None and self._last[0] == quick:   # (the usual phase: the last one's program)
+            return self._last[1]
         shapes = tuple((k, tuple(v.shape[1:]), v.dtype) for k, v in sorted(batches.items()))
-        key = (self.skey, U, r, shapes, tuple(weights.shape[1:]), hyper_key(self.algo, self.optimizers()))
+        key = (self.skey, U, r, shapes, tuple(weights.shape[1:]), hk)
         with _LOCK:
             got = _PROGRAMS.get(key)
         if got is None:
@@ -244,6 +297,7 @@ class Derived:
                     self.compile_s += time.perf_counter() - t0
                     with _LOCK:
                         _PROGRAMS[key] = got
+        self._last = (quick, (got, U))
         return got, U
 
     def optimizers(self) -> list:
@@ -253,16 +307,27 @@ class Derived:
         from hetrl.kernels.compiled.trace import optimizers_of
         held = tuple(id(v) for v in vars(self.algo).values() if isinstance(v, torch.optim.Optimizer))
         if self._optimizers is None or self._optimizers[0] != held:
-            self._optimizers = (held, optimizers_of(self.algo))
+            opts = optimizers_of(self.algo)
+            folded = [o for o in opts if type(o) not in (torch.optim.Adam, torch.optim.AdamW)]
+            self._optimizers = (held, opts, folded)
         return self._optimizers[1]
 
     def ready(self) -> str | None:
-        """None where every optimizer the algorithm holds has its state (made by its first step), else why not."""
-        for opt in self.optimizers():
+        """None where every optimizer the algorithm holds has its state (made by its first step), else why not.
+        Once found, it is looked for again only where an optimizer's state dict or groups were replaced (a
+        checkpoint load): a state dropped otherwise makes the phase's bind fail, and the public learn runs."""
+        opts = self.optimizers()
+        now = tuple((o.state, len(o.param_groups)) for o in opts)
+        if self._ready is not None and len(now) == len(self._ready) and all(
+                a[0] is b[0] and a[1] == b[1] for a, b in zip(now, self._ready)):
+            return None
+        self._ready = None
+        for opt in opts:
             for g in opt.param_groups:
                 for p in g["params"]:
                     if p.requires_grad and not opt.state.get(p):
                         return "an optimizer has no state yet (its first step makes it)"
+        self._ready = now
         return None
 
     def learn(self, batches: dict, weights: torch.Tensor, lanes: int) -> torch.Tensor | None:
@@ -289,39 +354,45 @@ class Derived:
 
     # ---- one call of the VM --------------------------------------------------------------------------------------------
     def bind(self, unit: Unit, batches, weights, units):
-        prog = unit.prog
-        algo = self.algo
-        keep, addr = [], np.zeros(len(prog.slots), np.int64)
-        outs = {}
-        for i, s in enumerate(prog.slots):
-            if s.kind == "state":
-                path, nbytes = s.info
-                try:
-                    t = resolve(algo, path)
-                except (LookupError, AttributeError, KeyError, IndexError):
-                    return None
+        """(the slots' addresses, what must live while the VM runs, the output arrays), or None where a state tensor
+        is not found as traced. What does not change from phase to phase (buffers, literals, a state tensor still the
+        same object on the same memory) is kept from the last phase of the same program: a phase's own bookkeeping
+        runs on caches the phase has just emptied, where each lookup costs several times what it does warm."""
+        b = self._bound.get((id(unit), units))
+        if b is None:
+            b = self._bound[(id(unit), units)] = Bound(self, unit, units)
+        algo, addr = self.algo, b.addr
+        for j, (i, path, nbytes) in enumerate(b.state):
+            try:
+                t = resolve(algo, path)
+            except (LookupError, AttributeError, KeyError, IndexError):
+                return None
+            if t is not b.tensors[j] or t.data_ptr() != b.ptrs[j]:
                 st = t.untyped_storage()
                 if st.nbytes() != nbytes or t.device.type != "cpu":
                     return None
                 addr[i] = st.data_ptr()
-                keep.append(t)
-            elif s.kind == "input":
-                src = weights if s.info == "weights" else batches[s.info]
-                if not src.is_contiguous():
-                    src = src.contiguous()
-                if src.dtype != s.dtype or src.numel() != s.numel * units:
-                    raise Declined(f"the batch field {s.info!r} is {src.dtype} {tuple(src.shape)}, not as traced")
-                addr[i] = src.data_ptr()
-                keep.append(src)
-            elif s.kind == "literal":
-                addr[i] = s.info.ctypes.data
-            else:
-                arr = self._array(unit, i, s, units)
-                addr[i] = arr.ctypes.data
-                keep.append(arr)
-                if s.kind == "out":
-                    outs[s.info] = arr
-        return addr, keep, outs
+                b.tensors[j], b.ptrs[j] = t, t.data_ptr()
+        keep = []
+        for j, (i, field, dtype, numel) in enumerate(b.inputs):
+            src = weights if field == "weights" else batches[field]
+            if src is b.fed[j] and src.data_ptr() == addr[i] and src.numel() == numel:   # (a batch refilled in place)
+                continue
+            if not src.is_contiguous():
+                src = src.contiguous()
+            if src.dtype != dtype or src.numel() != numel:
+                raise Declined(f"the batch field {field!r} is {src.dtype} {tuple(src.shape)}, not as traced")
+            addr[i] = src.data_ptr()
+            b.fed[j] = src
+            keep.append(src)
+        outs = b.outs
+        if b.result is not None:   # (the phase's result is a fresh array: the caller keeps it)
+            i, n, dt = b.result
+            arr = np.empty(n, dt)
+            addr[i] = arr.ctypes.data
+            outs = dict(outs)
+            outs[0] = arr
+        return addr, keep, outs, b
 
     def _array(self, unit, i, s, units):
         """A draw buffer, the arena or an output: kept across phases (the phase's result is a fresh tensor)."""
@@ -347,14 +418,17 @@ class Derived:
         return got
 
     def rconst(self, prog) -> np.ndarray:
-        out = np.zeros(max(1, len(prog.rconst)), np.float64)
+        """The Adam groups' hyper-parameters as the phase reads them (read again each phase: a schedule changes lr)."""
+        out = self._scratch.get(("rconst", id(prog)))
+        if out is None:
+            out = self._scratch[("rconst", id(prog))] = np.zeros(max(1, len(prog.rconst)), np.float64)
         for i, spec in enumerate(prog.rconst):
             if spec is None:
                 continue
             opt = resolve(self.algo, spec[1])
             g = opt.param_groups[spec[2]]
             b1, b2 = g["betas"]
-            out[i:i + 5] = [float(g["lr"]), float(b1), float(b2), float(g.get("weight_decay", 0.0)), float(g["eps"])]
+            out[i:i + 5] = (float(g["lr"]), float(b1), float(b2), float(g.get("weight_decay", 0.0)), float(g["eps"]))
         return out
 
     def run(self, unit: Unit, batches, weights, units: int, lanes: int):
@@ -362,15 +436,14 @@ class Derived:
         bound = self.bind(unit, batches, weights, units)
         if bound is None:
             return None
-        addr, keep, outs = bound
+        addr, keep, outs, b = bound
         # the draws, unit by unit in graph order
         if prog.draws:
             gens = {}
             for d, slot in prog.draws:
                 if d.generator not in gens:
                     gens[d.generator] = resolve(self.algo, d.generator) if d.generator is not None else None
-            arrays = {slot: keep_arr for slot, keep_arr in ((sl, self._array(unit, sl, prog.slots[sl], units))
-                                                           for _, sl in prog.draws)}
+            arrays = b.arrays
             for u in range(units):
                 for d, slot in prog.draws:
                     n = prog.slots[slot].numel
@@ -384,8 +457,12 @@ class Derived:
             lanes = gov.pick()
         self.lanes_run[lanes] = self.lanes_run.get(lanes, 0) + 1
         regs, counters = self.registers(prog, lanes)
-        prof = self.profile_cycles if self.profile_cycles is not None else np.zeros((lanes, 0), np.int64)
-        if prof.shape[0] != lanes or (prof.shape[1] and prof.shape[1] != prog.INS.shape[0] + 1):
+        prof = self.profile_cycles
+        if prof is None:
+            prof = self._scratch.get(("noprof", lanes))
+            if prof is None:
+                prof = self._scratch[("noprof", lanes)] = np.zeros((lanes, 0), np.int64)
+        elif prof.shape[0] != lanes or prof.shape[1] != prog.INS.shape[0] + 1:
             prof = self.profile_cycles = np.zeros((lanes, prog.INS.shape[0] + 1), np.int64)
         rc = self.rconst(prog)
         t0 = time.perf_counter()

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 
 
 class Head:
-    """One algorithm's phase on the compiled pieces (subclasses: actor_critic.ActorCriticHead, sac.SACHead,
+    """One algorithm's phase on the compiled pieces (subclasses: actor_critic.ActorCriticHead,
     crossq.CrossQHead)."""
 
     algos: tuple[str, ...] = ()

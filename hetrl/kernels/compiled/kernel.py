@@ -2,7 +2,7 @@
 
 It wraps any algorithm on the protocol from outside. Its phase is *derived* from the algorithm's own `learn`
 (derived.py: traced with make_fx, lowered onto the bound GEMM and the VM's fused passes over fixed row blocks; see
-docs/compiled.md); a built-in whose hand-derived loss head is still measured faster (HEADS: actor_critic.py, sac.py,
+docs/compiled.md); a built-in whose hand-derived loss head is still measured faster (HEADS: actor_critic.py and
 crossq.py over layers.py and optim.py) runs that head. `check(algo)` says in one line why it does not take
 an algorithm (pixels, a GPU, float64); what is found only by tracing (an operation without a lowering, a read of a
 tensor's value in Python) is one line in `declined` after the first phases, which then run the public learn.
@@ -57,7 +57,7 @@ def threadsafe_layer() -> str | None:
 # only while it is measured faster than the derived phase (docs/compiled.md); every other algorithm, and a built-in
 # its head does not take, runs the phase derived from its own learn (derived.py)
 HEADS = {"DDPG": ("actor_critic", "ActorCriticHead"),
-         "TD3": ("actor_critic", "ActorCriticHead"), "SAC": ("sac", "SACHead"), "CrossQ": ("crossq", "CrossQHead")}
+         "TD3": ("actor_critic", "ActorCriticHead"), "CrossQ": ("crossq", "CrossQHead")}
 
 
 def head_class(algo):

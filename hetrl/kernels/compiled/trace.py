@@ -132,8 +132,18 @@ def resolve(root, path: tuple):
 
 
 def assign(root, path: tuple, value) -> None:
-    """Set the object at `path` from root to value."""
-    parent = resolve(root, path[:-1])
+    """Set the object at `path` from root to value. A container reached through an attribute the object does not
+    hold itself (a class-level default such as `Algorithm.stats = {}`) is copied onto the object first: a write
+    into it would reach every object of the class."""
+    parent = root
+    for step in path[:-1]:
+        shared = getattr(type(parent), step[1], None) if step[0] == "a" else None
+        if isinstance(shared, (dict, list)) and step[1] not in getattr(parent, "__dict__", {step[1]: None}):
+            own = type(shared)(shared)
+            setattr(parent, step[1], own)
+            parent = own
+        else:
+            parent = resolve(parent, (step,))
     step = path[-1]
     if step[0] == "a":
         setattr(parent, step[1], value)

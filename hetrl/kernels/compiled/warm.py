@@ -19,7 +19,7 @@ import time
 # built-ins without a head; the others are the built-ins' acting pieces and hand-derived heads (HEADS in kernel.py),
 # grouped so that the three processes take about the same time
 GROUPS = (("ddpg", "td3"), ("dqn", "sac"), ("crossq", "derived"))
-DERIVED = ("dqn", "ppo", "a2c")   # their phases at widths whose passes get fused loops (fused.MIN_ELEMENTS)
+DERIVED = ("dqn", "sac", "ppo", "a2c")   # their phases at widths whose passes get fused loops (fused.MIN_ELEMENTS)
 
 
 def _algorithm(name: str, net_arch: list[int]):
