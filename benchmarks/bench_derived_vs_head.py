@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import gymnasium as gym
@@ -35,34 +34,6 @@ from hetrl.kernels.select import time_kernels
 
 ENVS = {"dqn": "CartPole-v1", "ddpg": "Pendulum-v1", "td3": "Pendulum-v1", "sac": "Pendulum-v1",
         "crossq": "Pendulum-v1", "ppo": "CartPole-v1", "a2c": "CartPole-v1"}
-
-
-def cold_times(kernels: dict, b: dict, w: torch.Tensor, mb: float, budget_s: float, rounds: int = 9) -> dict:
-    """Seconds per update of each kernel's phases, each phase after `mb` MB written by the calling thread
-    (the writes not timed), in alternating rounds (the median round)."""
-    junk = np.zeros(int(mb * (1 << 20)) // 8)
-    steps = int(w.shape[0])
-    times: dict = {n: [] for n in kernels}
-    for k in kernels.values():
-        for _ in range(5):
-            k.learn(b, w)
-    t = time.perf_counter()
-    next(iter(kernels.values())).learn(b, w)
-    calls = max(3, int(0.05 / max(time.perf_counter() - t, 1e-6)))
-    deadline = time.perf_counter() + budget_s
-    for r in range(rounds):
-        for name, k in (kernels.items() if r % 2 == 0 else reversed(list(kernels.items()))):
-            k.use_threads(torch.get_num_threads())
-            spent = 0.0
-            for _ in range(calls):
-                junk += 1.0
-                t = time.perf_counter()
-                k.learn(b, w)
-                spent += time.perf_counter() - t
-            times[name].append(spent / (calls * steps))
-        if r >= 2 and time.perf_counter() > deadline:
-            break
-    return {n: statistics.median(v) for n, v in times.items()}
 
 
 def main() -> None:
@@ -95,8 +66,12 @@ def main() -> None:
         t0 = time.perf_counter()
         kernels["derived"].learn(b, w)        # traced, lowered, run
         first = time.perf_counter() - t0
-        s = (cold_times(kernels, b, w, a.cold, a.budget) if a.cold > 0 else
-             time_kernels(kernels, b, w, rounds=9, budget_s=a.budget))
+        junk = np.zeros(int(a.cold * (1 << 20)) // 8)
+
+        def evict() -> None:   # (--cold: other work between phases, as in a run)
+            np.add(junk, 1.0, out=junk)
+
+        s = time_kernels(kernels, b, w, rounds=9, budget_s=a.budget, before=evict if a.cold > 0 else None)
         for k in kernels.values():
             k.close()
         print(json.dumps({"algo": name, "env": ENVS[name], "gemm": sgemm.chosen(), "K": K, "B": cfg.batch_size,

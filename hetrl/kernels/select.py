@@ -230,11 +230,13 @@ WARM_CALLS, WARM_S = 8, 0.5   # a kernel's warm-up before it is timed: this many
 
 
 def time_kernels(kernels: dict[str, Kernel], batches: dict, weights: torch.Tensor, rounds: int = 5,
-                 min_round_s: float = 0.02, budget_s: float = 3.0) -> dict[str, float]:
+                 min_round_s: float = 0.02, budget_s: float = 3.0,
+                 before: Callable[[], Any] | None = None) -> dict[str, float]:
     """Seconds per gradient step of each kernel (median of alternating rounds of learn calls on the same
     batches), after a warm-up of WARM_CALLS calls each (or WARM_S seconds): a kernel whose lanes settle over its
     first phases (the compiled kernel tries one lane against several, and makes each lane's buffers in its first
-    phase on it) is timed as it runs once settled, not in its first phases."""
+    phase on it) is timed as it runs once settled, not in its first phases. `before`, where given, runs before
+    each timed call, untimed (benchmarks/bench_derived_vs_head.py --cold: other work between phases)."""
     sync = torch.cuda.synchronize if weights.device.type == "cuda" else (lambda: None)
     steps, threads = int(weights.shape[0]), torch.get_num_threads()
     calls = {}
@@ -256,11 +258,21 @@ def time_kernels(kernels: dict[str, Kernel], batches: dict, weights: torch.Tenso
         for name, k in (kernels.items() if r % 2 == 0 else reversed(list(kernels.items()))):
             k.use_threads(threads)   # each at the learner's threads (the compiled one: its lanes; torch on one)
             sync()
-            t = time.perf_counter()
-            for _ in range(calls[name]):
-                k.learn(batches, weights)
-            sync()
-            times[name].append((time.perf_counter() - t) / (calls[name] * steps))
+            if before is None:
+                t = time.perf_counter()
+                for _ in range(calls[name]):
+                    k.learn(batches, weights)
+                sync()
+                spent = time.perf_counter() - t
+            else:
+                spent = 0.0
+                for _ in range(calls[name]):
+                    before()
+                    t = time.perf_counter()
+                    k.learn(batches, weights)
+                    sync()
+                    spent += time.perf_counter() - t
+            times[name].append(spent / (calls[name] * steps))
         if r >= 2 and time.perf_counter() > deadline:
             break
     return {n: statistics.median(v) for n, v in times.items()}

@@ -20,6 +20,7 @@ otherwise. Each phase:
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 
@@ -35,14 +36,6 @@ from hetrl.kernels.compiled.trace import Declined, assign, resolve, trace_unit
 _PROGRAMS: dict = {}
 _LOCK = threading.Lock()
 _TRACING = threading.Lock()   # held while a unit is traced and lowered (population members trace from threads)
-
-
-def _median(xs) -> float:
-    """The median of a few floats, in Python: a phase's own bookkeeping runs on caches the phase has just emptied,
-    where a numpy call costs tens of microseconds."""
-    x = sorted(xs)
-    h = len(x) // 2
-    return float(x[h]) if len(x) % 2 else 0.5 * (x[h - 1] + x[h])
 
 
 class Lanes:
@@ -101,7 +94,7 @@ class Lanes:
         return self.use
 
     def _prefer(self) -> int:
-        one, many = _median(self.times[1]), _median(self.times[self.n])
+        one, many = statistics.median(self.times[1]), statistics.median(self.times[self.n])
         return 1 if one * self.MARGIN < many else self.n
 
     def _choose(self, now: float) -> None:
@@ -111,7 +104,7 @@ class Lanes:
         else:
             self.gap = self.GAP_S
         self.use = use
-        self.base = _median(self.times[use])
+        self.base = statistics.median(self.times[use])
         self.tried_at, self.since, self.trying = now, 0, False
 
     def record(self, lanes: int, s_per_unit: float, now: float | None = None) -> None:
@@ -131,7 +124,7 @@ class Lanes:
                 return
             self._choose(now)
             return
-        med = _median(t)
+        med = statistics.median(t)
         if len(t) >= self.KEEP and self.base > 0 and not self.base / self.SHIFT <= med <= self.base * self.SHIFT:
             self.due = True
             self.gap = self.GAP_S
@@ -354,8 +347,8 @@ class Derived:
 
     # ---- one call of the VM --------------------------------------------------------------------------------------------
     def bind(self, unit: Unit, batches, weights, units):
-        """(the slots' addresses, what must live while the VM runs, the output arrays), or None where a state tensor
-        is not found as traced. What does not change from phase to phase (buffers, literals, a state tensor still the
+        """(the slots' addresses, the output arrays, the Bound, which holds every tensor the VM reads), or None where a
+        state tensor is not found as traced. What does not change from phase to phase (buffers, literals, a state tensor still the
         same object on the same memory) is kept from the last phase of the same program: a phase's own bookkeeping
         runs on caches the phase has just emptied, where each lookup costs several times what it does warm."""
         b = self._bound.get((id(unit), units))
@@ -373,7 +366,6 @@ class Derived:
                     return None
                 addr[i] = st.data_ptr()
                 b.tensors[j], b.ptrs[j] = t, t.data_ptr()
-        keep = []
         for j, (i, field, dtype, numel) in enumerate(b.inputs):
             src = weights if field == "weights" else batches[field]
             if src is b.fed[j] and src.data_ptr() == addr[i] and src.numel() == numel:   # (a batch refilled in place)
@@ -384,7 +376,6 @@ class Derived:
                 raise Declined(f"the batch field {field!r} is {src.dtype} {tuple(src.shape)}, not as traced")
             addr[i] = src.data_ptr()
             b.fed[j] = src
-            keep.append(src)
         outs = b.outs
         if b.result is not None:   # (the phase's result is a fresh array: the caller keeps it)
             i, n, dt = b.result
@@ -392,7 +383,7 @@ class Derived:
             addr[i] = arr.ctypes.data
             outs = dict(outs)
             outs[0] = arr
-        return addr, keep, outs, b
+        return addr, outs, b
 
     def _array(self, unit, i, s, units):
         """A draw buffer, the arena or an output: kept across phases (the phase's result is a fresh tensor)."""
@@ -436,7 +427,7 @@ class Derived:
         bound = self.bind(unit, batches, weights, units)
         if bound is None:
             return None
-        addr, keep, outs, b = bound
+        addr, outs, b = bound
         # the draws, unit by unit in graph order
         if prog.draws:
             gens = {}
@@ -470,7 +461,6 @@ class Derived:
                      addr, units, counters, regs, prof)
         if gov is not None:
             gov.record(lanes, (time.perf_counter() - t0) / units)
-        del keep
         tr = unit.trace
         for path, delta in tr.replay.delta.items():
             assign(self.algo, path, resolve(self.algo, path) + delta * units)

@@ -138,7 +138,7 @@ def assign(root, path: tuple, value) -> None:
     parent = root
     for step in path[:-1]:
         shared = getattr(type(parent), step[1], None) if step[0] == "a" else None
-        if isinstance(shared, (dict, list)) and step[1] not in getattr(parent, "__dict__", {step[1]: None}):
+        if isinstance(shared, (dict, list)) and hasattr(parent, "__dict__") and step[1] not in vars(parent):
             own = type(shared)(shared)
             setattr(parent, step[1], own)
             parent = own
