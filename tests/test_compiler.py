@@ -20,7 +20,7 @@ import qrdqn_example  # noqa: F401  (registers "qrdqn")
 from hetrl.algos import make_algorithm
 from hetrl.config import make_config
 from hetrl.kernels import check_equal, select, synthetic_batch
-from hetrl.kernels.compiled import CompiledKernel, available
+from hetrl.kernels.compiled import CompiledKernel, available, vm
 
 pytestmark = pytest.mark.skipif(available() is not None, reason="numba/scipy not installed")
 
@@ -92,10 +92,14 @@ def _same_bits(one, two):
     assert all(torch.equal(p1[k], p2[k]) for k in p1)
 
 
-def test_one_and_two_threads_give_the_same_bits():
-    """Rows run in fixed blocks whose partial sums are added in a fixed order, whatever the number of lanes."""
-    make = _maker("qrdqn", n_quantiles=8)
-    phases, weights = _phases(make, K=4, B=128)
+@pytest.mark.parametrize("B,arch", [(128, [32, 32]), (64, [256, 256])], ids=["row-blocks", "column-halves"])
+def test_one_and_two_threads_give_the_same_bits(B, arch):
+    """Rows run in fixed blocks whose partial sums are added in a fixed order, whatever the number of lanes; a batch
+    of one row block runs its wide products in two fixed halves of their columns (checked equal to the public learn)."""
+    make = _maker("qrdqn", n_quantiles=8, net_arch=arch)
+    if B == 64:
+        _equal_on_the_derived_path(make, K=2, B=B)
+    phases, weights = _phases(make, K=2 if B == 64 else 4, B=B)
     results = []
     for threads in (1, 2):
         torch.manual_seed(0)
@@ -106,6 +110,9 @@ def test_one_and_two_threads_give_the_same_bits():
             tds = [kernel.learn(b, weights) for b in phases]
             assert kernel.figures()["lanes"] == threads and kernel.declined is None
             assert kernel.derived.lanes_run.get(threads), kernel.derived.lanes_run   # (2: the governor's first)
+            INS = kernel.derived.unit_for(phases[0], weights)[0].prog.INS
+            halves = (INS[:, vm.I_KIND] == vm.K_GEMM) & (INS[:, vm.I_SPLIT] == 1) & (INS[:, vm.I_NB] == 2)
+            assert halves.any() == (B == 64)
         finally:
             kernel.close()
         results.append((tds, algo.state_dict()))

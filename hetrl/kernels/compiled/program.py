@@ -10,7 +10,8 @@
    same pass with the same layout is forwarded as an expression, and a stored temporary nobody reads is dropped.
 3. *Blocks.* An operation with a row dim runs as a fixed number of row blocks, `blocks(N)`, a function of the rows
    only (never of the threads); a reduction over the rows writes one partial per block, which a later pass sums in
-   block order. Large global passes are split into fixed spans the same way.
+   block order. Large global passes are split into fixed spans the same way, and a wide product over a batch of one
+   row block into two fixed halves of its columns.
 4. *Segments.* Every operation is placed, in graph order, in the earliest segment its dependencies allow: in the same
    segment (one job) as the row blocks it depends on where the dependency stays inside a block, after them
    otherwise. A segment's jobs are independent: its tasks (blocks, spans, serial lists) run in any order and on any
@@ -42,6 +43,8 @@ SPAN = 1 << 15           # elements per span of a large global pass
 BIG = 1 << 15            # a global pass of at least this many elements is split into spans
 GEMM_CHUNK = 64          # output rows (or columns) per task of a global matrix product
 ALIGN = 64               # bytes: arena offsets
+COLUMN_HALVES = True     # a wide product over a batch of one row block runs in two halves of its columns
+COLUMN_HALF = 128        # columns of a half, at least
 JOB_SLABS = True         # temporaries living inside one row job share memory in the job's order (Encoder._job_slabs)
 
 DTYPES = {torch.float32: vm.DT_F32, torch.float64: vm.DT_F64, torch.int64: vm.DT_I64, torch.int32: vm.DT_I32,
@@ -123,6 +126,7 @@ class Item:
     seg: int = -1
     job: int = -1
     partial: bool = False        # has partial outputs (one per block)
+    most: int = 0                # a product's tasks, where fixed (else gemm_chunks)
 
 
 class Lowering:
@@ -815,6 +819,11 @@ class Lowering:
                 if isinstance(op, Kern):
                     out.extend(self._partials(it, nb))
                     continue
+                if COLUMN_HALVES and nb == 1 and isinstance(op, MM) and it.rowdim == 0 and op.out.ndim == 2 \
+                        and op.out.shape[1] >= 2 * COLUMN_HALF and op.b.ndim == 2:
+                    # a batch of one row block: a wide product in two halves of its columns, a task each
+                    it.kind, it.rowdim, it.N, it.most = "big", 1, op.out.shape[1], 2
+                    it.accesses = self.accesses(op, 1)
                 out.append(it)
                 continue
             if isinstance(op, Adam):
@@ -1564,7 +1573,7 @@ class Encoder:
                 elif key[0] == "big":
                     it = job[0]
                     if isinstance(it.op, MM):
-                        nb = gemm_chunks(it, [j[0] for j in seg if isinstance(j[0].op, MM)])
+                        nb = it.most or gemm_chunks(it, [j[0] for j in seg if isinstance(j[0].op, MM)])
                     else:
                         nb = spans(it.N) if isinstance(it.op, Adam) else spans_of(it)
                 else:
