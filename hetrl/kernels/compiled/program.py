@@ -820,7 +820,7 @@ class Lowering:
                     out.extend(self._partials(it, nb))
                     continue
                 if COLUMN_HALVES and nb == 1 and isinstance(op, MM) and it.rowdim == 0 and op.out.ndim == 2 \
-                        and op.out.shape[1] >= 2 * COLUMN_HALF and op.b.ndim == 2:
+                        and op.out.shape[1] >= 2 * COLUMN_HALF:
                     # a batch of one row block: a wide product in two halves of its columns, a task each
                     it.kind, it.rowdim, it.N, it.most = "big", 1, op.out.shape[1], 2
                     it.accesses = self.accesses(op, 1)
