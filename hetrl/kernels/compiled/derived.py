@@ -348,9 +348,10 @@ class Derived:
     # ---- one call of the VM --------------------------------------------------------------------------------------------
     def bind(self, unit: Unit, batches, weights, units):
         """(the slots' addresses, the output arrays, the Bound, which holds every tensor the VM reads), or None where a
-        state tensor is not found as traced. What does not change from phase to phase (buffers, literals, a state tensor still the
-        same object on the same memory) is kept from the last phase of the same program: a phase's own bookkeeping
-        runs on caches the phase has just emptied, where each lookup costs several times what it does warm."""
+        state tensor is not found as traced. What does not change from phase to phase (buffers, literals, a state
+        tensor still the same object on the same memory) is kept from the last phase of the same program: a phase's
+        own bookkeeping runs on caches the phase has just emptied, where each lookup costs several times what it
+        does warm."""
         b = self._bound.get((id(unit), units))
         if b is None:
             b = self._bound[(id(unit), units)] = Bound(self, unit, units)
