@@ -126,3 +126,60 @@ def test_each_finished_episode_says_its_env_in_the_run():
 
     back = pickle.loads(pickle.dumps(eps[0]))
     assert back == eps[0] and back.env == eps[0].env
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_sync_vector_steps_as_gymnasium_does(env_id):
+    """The actors' vector env (SyncVector: a shorter step for array observations and actions) gives what
+    Gymnasium's SyncVectorEnv gives, episode ends (final_obs, masks) included, and observations that a later step
+    does not change."""
+    from hetrl.actors.envs import SyncVector, make_env
+
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    ref = gym.vector.SyncVectorEnv([lambda: make_env(env_id) for _ in range(2)], autoreset_mode=mode)
+    ours = SyncVector([lambda: make_env(env_id) for _ in range(2)], autoreset_mode=mode)
+    assert ours._rows
+    for o1, o2 in zip(ref.reset(seed=[5, 6]), ours.reset(seed=[5, 6])):
+        np.testing.assert_array_equal(o1, o2) if isinstance(o1, np.ndarray) else None
+    ref.action_space.seed(0)
+    ends, kept = 0, []
+    for _ in range(250):
+        a = ref.action_space.sample()
+        got, want = ours.step(a), ref.step(a)
+        kept.append((got[0], want[0].copy()))
+        for x, y in zip(got[:4], want[:4]):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+        assert got[4].keys() == want[4].keys()
+        if "final_obs" in want[4]:
+            ends += 1
+            np.testing.assert_array_equal(got[4]["_final_obs"], want[4]["_final_obs"])
+            for i in np.flatnonzero(want[4]["_final_obs"]):
+                np.testing.assert_array_equal(got[4]["final_obs"][i], want[4]["final_obs"][i])
+    assert ends > 0 or env_id == "Pendulum-v1"
+    for x, y in kept:
+        np.testing.assert_array_equal(x, y)
+
+
+def test_epsilon_greedy_draws():
+    """DQN's acting draws one uniform per env, then uniform actions for the envs that explore; the others act
+    greedily (the network runs on those rows only)."""
+    from hetrl.algos import make_algorithm
+    from hetrl.config import make_config
+
+    env = gym.make("CartPole-v1")
+    algo = make_algorithm(make_config("dqn", "CartPole-v1", {"net_arch": [16]}), env.observation_space,
+                          env.action_space)
+    policy = algo.make_policy(seed=4, num_envs=6)
+    obs = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    greedy = policy.act_deterministic(obs)
+    twin = np.random.default_rng(4)
+    for eps in (0.0, 0.5, 1.0, 0.5):
+        a, stored = policy.act(obs, eps)
+        rand = twin.random(6) < eps
+        want = greedy.copy()
+        want[rand] = twin.integers(0, 2, int(rand.sum()))
+        np.testing.assert_array_equal(a, want)
+        assert a.dtype == np.int64 and stored is a
+    a, _ = policy.act(obs[:1], 0.0)
+    assert a.shape == (1,) and a[0] == greedy[0]

@@ -468,6 +468,12 @@ def test_acting_equals_the_torch_forward_and_pickles(name, net):
     mlp = next(m for m in moved.net.modules() if isinstance(m, CompiledMLP))
     assert mlp._flat is not None and mlp.gemm == kernel.figures()["gemm"]
     x = torch.from_numpy(obs[:, :mlp.program.n_in]).requires_grad_()
+    with torch.no_grad():   # an input that requires grad (no numpy view): the plain forward, the same values
+        np.testing.assert_allclose(mlp(x).numpy(), torch.nn.Sequential.forward(mlp, x).numpy(), rtol=1e-5,
+                                   atol=1e-6)
+        one, rows = mlp(x.detach()[0]), mlp(x.detach())   # one row without its batch dim: an output without one
+        assert one.shape == rows.shape[1:]
+        np.testing.assert_allclose(one.numpy(), rows[0].numpy(), rtol=1e-5, atol=1e-6)
     mlp(x).sum().backward()   # autograd on: the plain Sequential's forward
     assert x.grad is not None
     kernel.close()

@@ -162,8 +162,9 @@ class Actor:
             env_action, stored_action = self.policy.act(self.obs, explore(self.env_steps))
             obs, reward, terminated, truncated, info = self.venv.step(env_action)
             done = terminated | truncated
+            ended = done.any()
             next_obs = obs
-            if done.any():
+            if ended:
                 next_obs = obs.copy()
                 for i in np.flatnonzero(done):
                     next_obs[i] = info["final_obs"][i]
@@ -183,7 +184,7 @@ class Actor:
                 rows += k
             self._ep_return += reward
             self._ep_len += 1
-            if done.any():
+            if ended:
                 if self.games:
                     self._log_games(info)
                 for i in np.flatnonzero(done):

@@ -345,6 +345,43 @@ class EnvPoolAtari:
         self.pool.close()
 
 
+class SyncVector(gym.vector.SyncVectorEnv):
+    """Gymnasium's SyncVectorEnv, whose step takes a shorter way for array observations and actions (a Box
+    observation space; Discrete, Box or MultiDiscrete actions) under SAME_STEP autoreset: each env's action is
+    the action array's row and its observation is written into the batch's row, where the parent's step goes
+    through the spaces' generic iterate/concatenate and deep-copies the batch. Same results (the observations,
+    rewards, flags and infos of the parent's step, the observations a copy the next step does not change); any
+    other spaces or autoreset mode take the parent's step. At one CartPole env the step is most of an actor's
+    time apart from its policy, and the generic path was two thirds of it."""
+
+    def __init__(self, env_fns, **kwargs):
+        super().__init__(env_fns, **kwargs)
+        self._rows = (isinstance(self.single_observation_space, gym.spaces.Box)
+                      and isinstance(self.single_action_space, (gym.spaces.Discrete, gym.spaces.Box,
+                                                                gym.spaces.MultiDiscrete))
+                      and self.autoreset_mode == gym.vector.AutoresetMode.SAME_STEP
+                      and isinstance(getattr(self, "_observations", None), np.ndarray)
+                      and all(hasattr(self, a) for a in ("_env_obs", "_rewards", "_terminations", "_truncations",
+                                                         "_autoreset_envs")))
+
+    def step(self, actions):
+        if not self._rows or not isinstance(actions, np.ndarray) or len(actions) != self.num_envs:
+            return super().step(actions)
+        infos: dict = {}
+        obs, rewards, terms, truncs = self._observations, self._rewards, self._terminations, self._truncations
+        for i, env in enumerate(self.envs):
+            o, rewards[i], terms[i], truncs[i], env_info = env.step(actions[i])
+            if terms[i] or truncs[i]:
+                infos = self._add_info(infos, {"final_obs": o, "final_info": env_info}, i)
+                o, env_info = env.reset()
+            self._env_obs[i] = o
+            obs[i] = o
+            if env_info:
+                infos = self._add_info(infos, env_info, i)
+        self._autoreset_envs = terms | truncs
+        return obs.copy(), rewards.copy(), terms.copy(), truncs.copy(), infos
+
+
 def make_vector_env(env: EnvSpec, num_envs: int, seed: int, backend: str = "gymnasium"):
     """`num_envs` copies stepped in this process with SAME_STEP autoreset, seeded seed, seed+1, ...
     backend: gymnasium (SyncVectorEnv: fastest Python vector here), envpool (EnvPool's C++ vector
@@ -366,8 +403,8 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int, backend: str = "gymn
     if backend == "envpool":
         return EnvPoolVector(env, num_envs, seed)
     make_env(env).close()  # surface bad ids as UsageError before building the vector
-    venv = gym.vector.SyncVectorEnv([lambda: make_env(env) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    venv = SyncVector([lambda: make_env(env) for _ in range(num_envs)],
+                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     venv.reset(seed=[seed + i for i in range(num_envs)])
     venv.action_space.seed(seed)
     return venv

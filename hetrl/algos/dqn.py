@@ -98,15 +98,20 @@ class DQNPolicy:
         n = len(obs)
         if explore is None:  # warm-up: uniform random actions
             a = self.rng.integers(0, self.n_actions, n)
-        else:  # epsilon-greedy; the network runs only on the envs that act greedily (early in a run, few or
-            rand = self.rng.random(n) < explore   # none: a CNN forward is ~1 ms a step on a CPU; SB3 skips it too)
-            a = np.empty(n, np.int64)
-            if not rand.all():
-                mask = ~rand
-                a[mask] = greedy(mask) if greedy is not None else \
-                    self.act_deterministic(obs if mask.all() else obs[mask])
-            if rand.any():
-                a[rand] = self.rng.integers(0, self.n_actions, int(rand.sum()))
+            return a, a
+        # epsilon-greedy; the network runs only on the envs that act greedily (early in a run, few or none: a CNN
+        # forward is ~1 ms a step on a CPU; SB3 skips it too)
+        rand = self.rng.random(n) < explore
+        k = int(rand.sum())
+        if k == 0:    # all greedy (most steps, late in a run): the network's actions as they come
+            a = greedy(~rand) if greedy is not None else self.act_deterministic(obs)
+            a = np.asarray(a, np.int64)
+            return a, a
+        a = np.empty(n, np.int64)
+        if k < n:
+            mask = ~rand
+            a[mask] = greedy(mask) if greedy is not None else self.act_deterministic(obs[mask])
+        a[rand] = self.rng.integers(0, self.n_actions, k)
         return a, a
 
     def load(self, state: dict) -> None:

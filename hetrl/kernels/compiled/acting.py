@@ -53,25 +53,30 @@ class CompiledMLP(nn.Sequential):
         check walks a tuple kept from the flattening: named_parameters() on every call cost more than the
         program's run on one row."""
         flat = self._flat
-        if flat is not None and all(m._parameters[n] is p and p.data_ptr() == ptr for m, n, p, ptr in self._slots):
-            return flat
+        if flat is not None:
+            for params, n, p, ptr in self._slots:
+                if params[n] is not p or p.data_ptr() != ptr:
+                    break
+            else:
+                return flat
         from hetrl.algos.nets import flatten
 
         self._flat = flatten(self).numpy()
-        self._slots = tuple((m, n, p, p.data_ptr()) for m in self.modules() for n, p in m._parameters.items()
-                            if p is not None)
+        self._slots = tuple((m._parameters, n, p, p.data_ptr()) for m in self.modules()
+                            for n, p in m._parameters.items() if p is not None)
         return self._flat
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.program
-        if (torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu" or x.ndim == 0
-                or x.shape[-1] != p.n_in):
+        if (torch.is_grad_enabled() or x.dtype != torch.float32 or not x.is_cpu or x.ndim == 0
+                or x.shape[-1] != p.n_in or x.requires_grad):
             return super().forward(x)
         if sgemm.chosen() is None:
             sgemm.bind(self.gemm)
         flat = self._buffer()
-        lead = x.shape[:-1]
-        rows = x.detach().numpy().reshape(-1, p.n_in)
+        rows = x.numpy()
+        if rows.ndim != 2:
+            rows = rows.reshape(-1, p.n_in)
         if not rows.flags.c_contiguous:
             rows = np.ascontiguousarray(rows)
         R = rows.shape[0]
@@ -83,7 +88,7 @@ class CompiledMLP(nn.Sequential):
         out = np.empty((R, p.n_out), np.float32)
         run(p.ops, p.fc, flat, rows, self._ws, out)
         out = torch.from_numpy(out)
-        return out if len(lead) == 1 else out.reshape(*lead, p.n_out)
+        return out if x.ndim == 2 else out.reshape(*x.shape[:-1], p.n_out)
 
     def __getstate__(self) -> dict:
         # the parameters are views of the flat buffer: pickled as they are, each would carry the whole buffer, so
