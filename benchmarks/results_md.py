@@ -232,6 +232,17 @@ def bench_versions(doc):
     return "", entries
 
 
+def bench_acting(doc):
+    m = doc["median_s_per_env_step"]
+    base = next(iter(m))
+    entries = []
+    for case in doc["cases"]:
+        figs = ", ".join(f"{k} {num(v[case] * 1e6)}" + (f" (**{ratio(m[base][case] / v[case])}**)" if k != base else "")
+                         for k, v in m.items())
+        entries.append(Entry("versions", f"acting {case}", f"acting {case}: {figs} us per env step"))
+    return "", entries
+
+
 LOCAL = {"sb3": "SB3", "inline-1t": "inline (1 thread)", "local-2t": "local (2 learner threads)"}
 
 
@@ -485,7 +496,8 @@ def notes(doc):
 EXTRACTORS = {f.__name__: f for f in (bench_sb3, bench_learner_kernels, bench_sac_td3_update, bench_cnn_layout,
                                       bench_atari_memory, bench_population, bench_versions, bench_local, bench_ray,
                                       bench_policy_lag, bench_planner, bench_learning, bench_sb3_api, tabular_scaling,
-                                      soak, bench_shared_cpu, bench_busy, bench_lanes_busy, gpu_check, train, notes)}
+                                      soak, bench_shared_cpu, bench_busy, bench_lanes_busy, gpu_check, train, notes,
+                                      bench_acting)}
 
 
 # --- reading the results ---------------------------------------------------------------------------------------
