@@ -75,12 +75,18 @@ class GaussianActor(nn.Module):
         return squash(mean, log_std, eps)
 
 
+def squashed_sample(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, a = tanh(u)) for u = mean + std * eps: a draw of the squashed Gaussian (acting needs no log pi)."""
+    u = mean + log_std.exp() * eps
+    return u, torch.tanh(u)
+
+
 def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(a = tanh(u), log pi(a|s)) for u = mean + std * eps (the squashed Gaussian; CrossQ's too)."""
-    u = mean + log_std.exp() * eps
+    u, a = squashed_sample(mean, log_std, eps)
     log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
     log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-    return torch.tanh(u), log_prob
+    return a, log_prob
 
 
 class SACPolicy:
@@ -114,7 +120,7 @@ class SACPolicy:
         else:
             eps = self.rng.standard_normal((n, len(self.low)), dtype=np.float32)
             mean, log_std = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-            a, _ = squash(mean, log_std, torch.from_numpy(eps).to(self.device))
+            _, a = squashed_sample(mean, log_std, torch.from_numpy(eps).to(self.device))
             a = a.cpu().numpy()
         return self.scale(a), a
 
