@@ -183,3 +183,22 @@ def test_epsilon_greedy_draws():
         assert a.dtype == np.int64 and stored is a
     a, _ = policy.act(obs[:1], 0.0)
     assert a.shape == (1,) and a[0] == greedy[0]
+
+
+def test_sync_vector_names_an_observation_of_the_wrong_shape():
+    from hetrl.actors.envs import SyncVector
+
+    class Scalar(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(4, np.float32), {}
+
+        def step(self, action):
+            return np.float32(0.0), 0.0, False, False, {}
+
+    venv = SyncVector([Scalar], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    venv.reset()
+    with pytest.raises(ValueError, match=r"env 0 returned an observation of shape \(\).*says \(4,\)"):
+        venv.step(np.zeros(1, np.int64))

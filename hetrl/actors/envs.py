@@ -369,11 +369,15 @@ class SyncVector(gym.vector.SyncVectorEnv):
             return super().step(actions)
         infos: dict = {}
         obs, rewards, terms, truncs = self._observations, self._rewards, self._terminations, self._truncations
+        shape = self.single_observation_space.shape
         for i, env in enumerate(self.envs):
             o, rewards[i], terms[i], truncs[i], env_info = env.step(actions[i])
             if terms[i] or truncs[i]:
                 infos = self._add_info(infos, {"final_obs": o, "final_info": env_info}, i)
                 o, env_info = env.reset()
+            if np.shape(o) != shape:   # (a row assignment would broadcast it)
+                raise ValueError(f"env {i} returned an observation of shape {np.shape(o)}; its observation space "
+                                 f"{self.single_observation_space} says {shape}")
             self._env_obs[i] = o
             obs[i] = o
             if env_info:
