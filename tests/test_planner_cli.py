@@ -28,7 +28,7 @@ def cache(tmp_path, monkeypatch):
 def test_profile_then_plan_json(capsys, cache):
     assert run(["profile", "dqn", "--env", "CartPole-v1", *SETS, "--quick", "--json"]) == 0
     prof = json.loads(capsys.readouterr().out)
-    assert prof["format"] == "hetrl-profile/14" and not prof["from_cache"]
+    assert prof["format"] == "hetrl-profile/15" and not prof["from_cache"]
     assert run(["plan", "dqn", "--env", "CartPole-v1", *SETS, "--quick", "--json", "--pin", "threads=1"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "hetrl-plan/1" and doc["profile"]["from_cache"]

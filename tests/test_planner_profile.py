@@ -39,7 +39,7 @@ def test_profile_writes_rereads_and_refreshes_its_cache(cache):
     path = cache_path(cfg)
     assert path.exists() and path.parent == cache and not t1.from_cache
     doc = json.loads(path.read_text())
-    assert doc["format"] == "hetrl-profile/14" and doc["learner_kernel"]["cpu"]["name"] in ("public", "compiled")
+    assert doc["format"] == "hetrl-profile/15" and doc["learner_kernel"]["cpu"]["name"] in ("public", "compiled")
     assert doc["machine"]["cores"] >= 1
     for section in ("env", "act", "infer", "learn", "ds_insert", "ds_gather", "rm_sample", "rm_update",
                     "transfer", "power"):

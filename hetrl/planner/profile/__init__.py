@@ -6,7 +6,7 @@ part of the protocol:
 
 =================  ==============================================================================
 envs.py
-``env``            one step of a vector of W envs (SyncVectorEnv, random actions), per width W
+``env``            one step of a vector of W envs (the actors' SyncVector, random actions), per width W
 ``act``            one actor vector step of width W: envs + CPU inference + n-step adder (Actor.collect)
 ``infer``          policy inference (``policy.act``) for W observations, per device
 learner.py

@@ -22,7 +22,7 @@ from pathlib import Path
 from hetrl.planner.measure import Timing
 from hetrl.runtime.layout import grads_per_phase, group_size, learns_rollouts, prefetch_fits  # the runtime's phase and group sizes
 
-FORMAT = "hetrl-profile/14"   # 14: each entry's foreign load and provisional mark; learner figures measured in runs
+FORMAT = "hetrl-profile/15"   # 15: actors step through SyncVector, with leaner acting (tables of 14 timed slower actors)
 SECTIONS = ("env", "act", "infer", "learn", "learn_grouped", "param_sync", "ds_insert", "ds_gather", "prefetch",
             "rm_insert", "rm_sample", "rm_uniform", "rm_update", "transfer", "loop")   # the measured sections
 # A t-thread learner figure measured under load is priced as the 1-thread figure x this time ratio where no
