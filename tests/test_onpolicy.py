@@ -334,6 +334,29 @@ def test_the_acting_forward_in_numpy_is_the_networks(env_id, kw, numpy):
     np.testing.assert_allclose(again._out(obs), torch_out(pol), rtol=1e-5, atol=1e-5)
 
 
+def test_a_policy_the_compiled_kernel_wrapped_acts_in_numpy():
+    """The compiled kernel's acting wraps the body (an nn.Sequential subclass over the same layers): the actors
+    still take the NumPy forward, which follows the parameters when the compiled body flattens them."""
+    from hetrl.algos.onpolicy import NumpyForward
+    from hetrl.kernels.compiled import CompiledKernel
+
+    e = gym.make("CartPole-v1")
+    algo = make_algorithm(make_config("ppo", "CartPole-v1", {}), e.observation_space, e.action_space)
+    kernel = CompiledKernel(algo)
+    pol = kernel.wrap_policy(algo.make_policy(seed=0))
+    assert type(pol.net.body) is not torch.nn.Sequential
+    obs = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    with torch.no_grad():
+        want = pol.net(torch.from_numpy(obs)).numpy()   # the compiled body's forward (it flattens the parameters)
+    np.testing.assert_allclose(pol._out(obs), want, rtol=1e-5, atol=1e-6)
+    assert isinstance(pol._np, NumpyForward)
+    pol.load({k: v + 0.1 for k, v in algo.policy_state().items()})
+    with torch.no_grad():
+        want = pol.net(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(pol._out(obs), want, rtol=1e-5, atol=1e-5)
+    kernel.close()
+
+
 def test_image_observations_are_refused_in_one_line():
     from hetrl.registry import get
     with pytest.raises(UsageError, match="images") as e:
