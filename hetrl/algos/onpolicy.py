@@ -175,8 +175,8 @@ class SamplingPolicy:
     outputs may differ from torch's in the last bits of float32 rounding, which changes a sampled action only where
     its uniform draw falls within that rounding of a boundary between actions. A body that a learner kernel made a
     subclass of nn.Sequential over the same layers (the compiled acting's) runs in NumPy too: at a few envs the
-    NumPy forward is the faster (PPO CartPole, 8 envs: 14 us per env step against 24 through the compiled body
-    behind torch's dispatch; benchmarks/bench_acting.py); a network with other layers keeps its own forward."""
+    NumPy forward is faster than the compiled body behind torch's dispatch (benchmarks/bench_acting.py); a
+    network with other layers keeps its own forward."""
 
     def __init__(self, net: PolicyNet, act_space: gym.Space, seed: int, device: str = "cpu"):
         self.net, self.device = net.to(device).eval(), device
