@@ -4,7 +4,8 @@ Every tensor of the graph is a view `TV(buf, off, shape, strides, dtype)` of a `
 (its path), an input of the unit (a batch field or the weights), a random draw made before the phase, a literal, or a
 temporary the program plans. View operations (view, permute, select, slice, expand, split, detach, ...) make no
 operation: their output is the same buffer at the offset and strides the trace recorded. Uniform tensors
-(zeros_like, full, scalar_tensor, ...) are constants (`Const`) folded into the expressions that read them.
+(zeros_like, full, scalar_tensor, ...) are constants (`Const`) folded into the expressions that read them, but for
+one that an in-place op later writes into (a scatter_add_ into zeros_like): that one is a temporary filled first.
 
 The operations:
 
@@ -264,6 +265,7 @@ class Converter:
         self.bufs: list[Buf] = []
         self.ops: list = []
         self.env: dict = {}
+        self.written: set = set()                 # nodes an in-place op writes into (written_bases)
         self.state_bufs: dict[int, int] = {}      # twin storage data_ptr -> buf id
         self.literal_bufs: dict[int, int] = {}
         self.inputs: dict[str, int] = {}          # batch key / "weights" -> buf id
@@ -368,6 +370,7 @@ class Converter:
     # -- the walk --
     def run(self):
         gm = self.tr.gm
+        self.written = written_bases(gm.graph)
         for node in gm.graph.nodes:
             self.seq += 1
             if node.op == "placeholder":
@@ -407,7 +410,12 @@ class Converter:
         if rule is None:
             raise Declined(f"{self.who}'s learn uses aten.{name}, which the compiled kernel has no lowering for")
         try:
-            self.env[node] = rule(self, args, kwargs, meta, node)
+            value = rule(self, args, kwargs, meta, node)
+            if isinstance(value, Const) and node in self.written:   # a constant written in place later: in memory
+                out = self.temp(meta)
+                self.kern(out, C(value.value), "constant")
+                value = out
+            self.env[node] = value
         except Declined:
             raise
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, AssertionError) as e:
@@ -502,6 +510,21 @@ def rule(*names):
     return deco
 
 
+def written_bases(graph) -> set:
+    """The nodes an in-place op writes into (through views of them): a constant such as `torch.zeros_like(x)`
+    that is then scattered or copied into must live in memory, not be folded into the expressions that read it."""
+    out = set()
+    for n in graph.nodes:
+        if n.op != "call_function" or not opname(n.target).endswith("_") or not n.args:
+            continue
+        b = n.args[0]
+        while isinstance(b, torch.fx.Node) and b.op == "call_function" and opname(b.target) in VIEW_OPS and b.args:
+            b = b.args[0]
+        if isinstance(b, torch.fx.Node):
+            out.add(b)
+    return out
+
+
 def _elementwise(name: str, build, inplace: bool = False, out_float: bool = False):
     """A rule for an elementwise op: build(cv, [exprs], args, kwargs) -> expr, over the output's shape."""
     def f(cv: Converter, args, kwargs, meta, node):
@@ -565,6 +588,9 @@ E("sin", lambda cv, e, a, k: mk("sin", e[0]))
 E("cos", lambda cv, e, a, k: mk("cos", e[0]))
 E("atan", lambda cv, e, a, k: mk("atan", e[0]))
 E("erf", lambda cv, e, a, k: mk("erf", e[0]))
+# atanh(x) = log1p(2x / (1 - x)) / 2: a Gaussian action's log-probability from its squashed value (TQC, AWAC, IQL)
+E("atanh", lambda cv, e, a, k: mk("mul", mk("log1p", mk("div", mk("mul", C(2.0), e[0]), mk("sub", C(1.0), e[0]))),
+                                  C(0.5)))
 E("sign", lambda cv, e, a, k: mk("sign", e[0]))
 E("sgn", lambda cv, e, a, k: mk("sign", e[0]))
 E("floor", lambda cv, e, a, k: mk("floor", e[0]))
@@ -906,6 +932,95 @@ def _arg_reduce(cv, x, dim, keep, meta, kind, with_values):
     iout = Out(idx.buf, idx.off, istr, torch.int64, e, "arg" + kind, dim=dim, pair=vout)
     cv.emit(Kern(shape, [vout, iout], what="arg" + kind))
     return (vals, idx) if with_values else idx
+
+
+@rule("sort")
+def _sort(cv, args, kwargs, meta, node):
+    """(values, indices) along a dim, stable: element i's rank is the number of elements that come before it (in
+    the order, or equal and earlier), and each is written at its rank. That is n^2 comparisons a row: meant for the
+    tens to hundreds of values a row of a distributional critic's quantiles has (TQC sorts its critics'). NaN
+    comes last ascending and first descending, as in torch."""
+    x = args[0]
+    dim = args[1] if len(args) > 1 and not isinstance(args[1], bool) else kwargs.get("dim", -1)
+    desc = bool(args[2] if len(args) > 2 else kwargs.get("descending", False))
+    return _sorted(cv, x, dim % max(x.ndim, 1), desc, meta[0].dtype)
+
+
+@rule("topk")
+def _topk(cv, args, kwargs, meta, node):
+    x, k = args[0], int(args[1])
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", -1)) % max(x.ndim, 1)
+    largest = bool(args[3] if len(args) > 3 else kwargs.get("largest", True))
+    vals, idx = _sorted(cv, x, dim, largest, meta[0].dtype)
+    outs = []
+    for src, m in ((vals, meta[0]), (idx, meta[1])):
+        out = cv.temp(m)
+        cv.kern(out, cv.load(TV(src.buf, src.off, tuple(k if d == dim else n for d, n in enumerate(src.shape)),
+                                src.strides, src.dtype), out.shape), "topk")
+        outs.append(out)
+    return tuple(outs)
+
+
+@rule("cumsum")
+def _cumsum(cv, args, kwargs, meta, node):
+    """out_i = sum of x_j for j <= i along a dim, as a masked sum over a second axis: n^2 additions a row, for the
+    short dims a learn sums along (quantile fractions, an episode's rewards)."""
+    x = args[0]
+    if not isinstance(x, TV):
+        raise Declined(f"{cv.who}'s learn takes a cumulative sum of a constant")
+    dim = (args[1] if len(args) > 1 else kwargs["dim"]) % max(x.ndim, 1)
+    shape = tuple(x.shape)
+    xs = bstrides(x, shape)
+    xj = ("ld", Ld(x.buf, x.off, tuple(0 if d == dim else s for d, s in enumerate(xs)) + (x.strides[dim],), x.dtype))
+    keep = mk("le", ("iota", len(shape)), ("iota", dim))
+    out = cv.temp(meta)
+    acc, astr = reduce_out(cv, shape + (1,), shape + (shape[dim],), [len(shape)], True,
+                           torch.float64 if meta.dtype == torch.float64 else torch.float32)
+    cv.emit(Kern(shape + (shape[dim],), [Out(acc.buf, acc.off, astr, acc.dtype,
+                                              mk("where", keep, cast_to(xj, x.dtype, acc.dtype), C(0.0)), "sum")],
+                 what="cumsum"))
+    cv.kern(out, cv.load(TV(acc.buf, acc.off, shape, acc.strides[:-1], acc.dtype), shape), "cumsum",
+            src_dtype=acc.dtype)
+    return out
+
+
+@rule("flip")
+def _flip(cv, args, kwargs, meta, node):
+    x, dims = args[0], [d % max(args[0].ndim, 1) for d in args[1]]
+    if isinstance(x, Const):
+        return x
+    off, strides = x.off, list(x.strides)
+    for d in dims:
+        off += (x.shape[d] - 1) * x.strides[d]
+        strides[d] = -x.strides[d]
+    out = cv.temp(meta)
+    cv.kern(out, cv.load(TV(x.buf, off, tuple(x.shape), tuple(strides), x.dtype), out.shape), "flip")
+    return out
+
+
+def _sorted(cv, x, dim, descending, dtype):
+    if not isinstance(x, TV):
+        raise Declined(f"{cv.who}'s learn sorts a constant")
+    shape, n = tuple(x.shape), x.shape[dim]
+    space = shape + (n,)                  # element i (along dim) against element j (the last dim)
+    xs = bstrides(x, shape)
+    xi = ("ld", Ld(x.buf, x.off, xs + (0,), x.dtype))
+    xj = ("ld", Ld(x.buf, x.off, tuple(0 if d == dim else s for d, s in enumerate(xs)) + (x.strides[dim],),
+                   x.dtype))
+    ni, nj = mk("isnan", xi), mk("isnan", xj)
+    ahead = mk("or", mk("gt" if descending else "lt", xj, xi),
+               mk("and", nj, mk("not", ni)) if descending else mk("and", ni, mk("not", nj)))
+    same = mk("or", mk("eq", xj, xi), mk("and", ni, nj))
+    before = mk("or", ahead, mk("and", same, mk("lt", ("iota", len(shape)), ("iota", dim))))
+    rank = cv.temp_like_shape(shape, torch.int64)
+    cv.emit(Kern(space, [Out(rank.buf, rank.off, rank.strides + (0,), torch.int64, before, "sum")], what="sort rank"))
+    vals, idx = cv.temp_like_shape(shape, dtype), cv.temp_like_shape(shape, torch.int64)
+    at = ((cv.load(rank, shape), vals.strides[dim]),)
+    for out, e in ((vals, cv.load(x, shape)), (idx, ("iota", dim))):
+        strides = tuple(0 if d == dim else s for d, s in enumerate(out.strides))
+        cv.emit(Kern(shape, [Out(out.buf, out.off, strides, out.dtype, e, "store",
+                                 index=((at[0][0], out.strides[dim]),))], what="sort"))
+    return vals, idx
 
 
 @rule("var_mean", "var", "std", "std_mean")
@@ -1281,6 +1396,27 @@ def _cat(cv, args, kwargs, meta, node):
         part = TV(out.buf, out.off + at * out.strides[dim], tuple(shape), out.strides, out.dtype)
         cv.kern(part, cv.load(t, part.shape), "cat", src_dtype=cv.dtype_of(t))
         at += n
+    return out
+
+
+@rule("slice_scatter")
+def _slice_scatter(cv, args, kwargs, meta, node):
+    """input with src written over a slice of one dim: the gradient of `x[:, a:b]` (src into zeros). (torch's
+    decompositions turn select_scatter into a where.)"""
+    base, src = args[0], args[1]
+    out = cv.temp(meta)
+    cv.kern(out, cv.load(base, out.shape), "slice_scatter base", src_dtype=cv.dtype_of(base))
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % out.ndim
+    start = args[3] if len(args) > 3 else kwargs.get("start")
+    end = args[4] if len(args) > 4 else kwargs.get("end")
+    step = args[5] if len(args) > 5 else kwargs.get("step", 1)
+    r = range(out.shape[dim])[slice(start, end, step)]
+    shape, strides = list(out.shape), list(out.strides)
+    shape[dim], strides[dim] = len(r), out.strides[dim] * r.step
+    part = TV(out.buf, out.off + (r.start if len(r) else 0) * out.strides[dim], tuple(shape), tuple(strides),
+              out.dtype)
+    if part.numel:
+        cv.kern(part, cv.load(src, part.shape), "slice_scatter", src_dtype=cv.dtype_of(src))
     return out
 
 

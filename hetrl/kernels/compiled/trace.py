@@ -425,8 +425,10 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     validate = torch.distributions.Distribution._validate_args
     torch.distributions.Distribution.set_default_validate_args(False)
     try:
-        gm = make_fx(unit, decomposition_table=_DECOMP, record_stack_traces=False)(*[batches[k] for k in keys],
-                                                                                    weights)
+        # tracing runs learn on real tensors: a draw from torch's default generator would advance the run's own
+        with torch.random.fork_rng(devices=[]):
+            gm = make_fx(unit, decomposition_table=_DECOMP, record_stack_traces=False)(*[batches[k] for k in keys],
+                                                                                        weights)
     except RuntimeError as e:
         msg = str(e)
         if "_local_scalar_dense" in msg or "data-dependent" in msg or "value out of a tracing tensor" in msg:

@@ -351,11 +351,12 @@ if numba is not None:
                 reg[t] = _mem_get(addr, dt, k)
 
     @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def _iota(reg, lines, nl, ni, i0, opd_row):  # pragma: no cover - compiled
-        """reg = sum_d index_d * s_d (the iteration index as a value: arange, one_hot)."""
+    def _iota(reg, lines, nl, ni, i0, opd_row, start):  # pragma: no cover - compiled
+        """reg = sum_d index_d * s_d (the iteration index as a value: arange, one_hot); `start`: the task's block's
+        first index along the split dim times its s_d (a block's lines count from its own start)."""
         s0, s1, s2, s3 = opd_row[O_S0], opd_row[O_S0 + 1], opd_row[O_S0 + 2], opd_row[O_S0 + 3]
         for l in range(nl):
-            b = lines[0, l] * s0 + lines[1, l] * s1 + lines[2, l] * s2 + opd_row[O_OFF]
+            b = lines[0, l] * s0 + lines[1, l] * s1 + lines[2, l] * s2 + opd_row[O_OFF] + start
             for j in range(ni):
                 reg[l * ni + j] = b + (i0 + j) * s3
 
@@ -752,9 +753,9 @@ if numba is not None:
         _gather(_v(reg, T), addr, dt, numba.carray(p_i64(bases), (2 * T,)), nl, ni, i0, s3,
                 numba.carray(p_f64(regs), (nregs, T)), nidx, ireg0, istr0, ireg1, istr1)
 
-    @_c("hetrl_vm_iota", types.void(*([IP] * 6)))
-    def c_iota(reg, lines, nl, ni, i0, row):  # pragma: no cover - compiled
-        _iota(_v(reg, T), numba.carray(p_i64(lines), (3, T)), nl, ni, i0, numba.carray(p_i64(row), (OPD_W,)))
+    @_c("hetrl_vm_iota", types.void(*([IP] * 7)))
+    def c_iota(reg, lines, nl, ni, i0, row, start):  # pragma: no cover - compiled
+        _iota(_v(reg, T), numba.carray(p_i64(lines), (3, T)), nl, ni, i0, numba.carray(p_i64(row), (OPD_W,)), start)
 
     @_c("hetrl_vm_unary", types.void(IP, IP, IP, IP))
     def c_unary(op, z, x, n):  # pragma: no cover - compiled
@@ -884,7 +885,8 @@ if numba is not None:
                         o = CODE[k, 2]
                         dt = OPD[o, O_DT]
                         if dt == DT_IOTA:
-                            c_iota(zp, lp, nl, nn, i0, OPD[o:].ctypes.data)
+                            c_iota(zp, lp, nl, nn, i0, OPD[o:].ctypes.data,
+                                   lo * OPD[o, O_S0 + split] if split >= 0 else 0)
                             continue
                         _bases(OPD, o, lines, nl, bases, unit, chunk, lo, split)
                         if OPD[o, O_NIDX] == 0:

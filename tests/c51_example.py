@@ -1,0 +1,146 @@
+"""C51 (Bellemare et al. 2017, categorical DQN) written as a user would write it outside hetrl, in CleanRL's form:
+a distribution over `n_atoms` fixed returns per action, and a target distribution built by projecting
+r + gamma * z onto the atoms with `scatter_add_` into `torch.zeros_like` (or, in the other common form,
+`index_add_` into a flat view of it). The compiled kernel's tests use it as an algorithm hetrl has never seen
+whose learn writes in place into a tensor it made.
+
+    p(s, a)   = softmax over the atoms;   a* = argmax_a sum_j z_j p_target(s', a)_j
+    Tz_j      = clamp(r + gamma**steps * (1 - terminated) * z_j, v_min, v_max), projected onto the atoms
+    loss      = mean_b w_b * -sum_j m_j log p(s, a)_j
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+import hetrl
+from hetrl.algos.nets import load_weights, mlp
+
+
+@dataclass
+class C51Settings(hetrl.Config):
+    n_atoms: int = 51
+    v_min: float = -100.0
+    v_max: float = 100.0
+    projection: str = "scatter_add_"       # or "index_add_": the two ways CleanRL-style code writes it
+    target_update_interval: int = 500
+    epsilon: float = 0.05
+    max_grad_norm: float = 10.0
+
+
+class AtomNet(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int, cfg: C51Settings):
+        super().__init__()
+        self.n_actions, self.n_atoms = n_actions, cfg.n_atoms
+        self.body = mlp([obs_dim, *cfg.net_arch, n_actions * cfg.n_atoms], cfg.activation, cfg.layer_norm)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:      # logits (B, actions, atoms)
+        return self.body(obs).view(*obs.shape[:-1], self.n_actions, self.n_atoms)
+
+
+class Greedy:
+    def __init__(self, net: AtomNet, atoms: torch.Tensor, n_actions: int, seed: int):
+        self.net, self.atoms, self.n = net, atoms, n_actions
+        self.rng = np.random.default_rng(seed)
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
+        p = torch.softmax(self.net(torch.as_tensor(obs, dtype=torch.float32)), -1)
+        return (p * self.atoms).sum(-1).argmax(-1).numpy()
+
+    def act(self, obs: np.ndarray, explore):
+        random = self.rng.integers(0, self.n, len(obs))
+        if explore is None:
+            return random, random
+        a = np.where(self.rng.random(len(obs)) < explore, random, self.act_deterministic(obs))
+        return a, a
+
+    def load(self, state: dict) -> None:
+        load_weights(self.net, state)
+
+    def episode_end(self, done: np.ndarray) -> None:
+        pass
+
+
+class C51(hetrl.Algorithm):
+    Settings = C51Settings
+    action_spaces = (gym.spaces.Discrete,)
+    nets, optims = ("q", "q_target"), ("opt",)
+
+    def __init__(self, cfg: C51Settings, obs_space, act_space, device="cpu"):
+        super().__init__(cfg, obs_space, act_space, device)
+        self.obs_dim, self.n = int(np.prod(self.obs_shape)), int(act_space.n)
+        self.q = AtomNet(self.obs_dim, self.n, cfg)
+        self.q_target = AtomNet(self.obs_dim, self.n, cfg)
+        self.q_target.load_state_dict(self.q.state_dict())
+        self.q_target.requires_grad_(False)
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, eps=0.01 / cfg.batch_size)
+        self.atoms = torch.linspace(cfg.v_min, cfg.v_max, cfg.n_atoms)
+
+    def make_policy(self, seed, device="cpu", num_envs=None) -> Greedy:
+        net = AtomNet(self.obs_dim, self.n, self.cfg)
+        net.load_state_dict(self.policy_state())
+        return Greedy(net, self.atoms, self.n, seed)
+
+    def policy_state(self) -> dict:
+        return self.q.state_dict()
+
+    def exploration(self, env_steps: int):
+        return None if env_steps < self.cfg.learning_starts else self.cfg.epsilon
+
+    def on_env_steps(self, before: int, after: int) -> None:
+        k = self.cfg.target_update_interval
+        if after // k > before // k:
+            self.q_target.load_state_dict(self.q.state_dict())
+
+    def project(self, next_p: torch.Tensor, tz: torch.Tensor) -> torch.Tensor:
+        """The target distribution: each Tz_j's mass split between its two nearest atoms."""
+        cfg, B, N = self.cfg, next_p.shape[0], next_p.shape[1]
+        b = (tz - cfg.v_min) / ((cfg.v_max - cfg.v_min) / (N - 1))
+        lo, up = b.floor().clamp(0, N - 1), b.ceil().clamp(0, N - 1)
+        d_lo = (up + (lo == up).float() - b) * next_p
+        d_up = (b - lo) * next_p
+        m = torch.zeros_like(next_p)
+        if cfg.projection == "index_add_":
+            offset = (torch.arange(B) * N).unsqueeze(1)
+            m.view(-1).index_add_(0, (lo.long() + offset).view(-1), d_lo.view(-1))
+            m.view(-1).index_add_(0, (up.long() + offset).view(-1), d_up.view(-1))
+        else:
+            m.scatter_add_(1, lo.long(), d_lo)
+            m.scatter_add_(1, up.long(), d_up)
+        return m
+
+    def learn(self, batches: dict, weights: torch.Tensor) -> torch.Tensor:
+        cfg, td_all = self.cfg, torch.empty_like(weights)
+        for k in range(weights.shape[0]):
+            b, w = {key: v[k] for key, v in batches.items()}, weights[k]
+            B, rows = w.shape[0], torch.arange(w.shape[0])
+            with torch.no_grad():
+                next_p = torch.softmax(self.q_target(b["next_obs"]), -1)          # (B, A, atoms)
+                next_p = next_p[rows, (next_p * self.atoms).sum(-1).argmax(-1)]    # (B, atoms)
+                discount = cfg.gamma ** b["steps"].float() * (~b["terminated"]).float()
+                tz = (b["reward"].unsqueeze(-1) + discount.unsqueeze(-1) * self.atoms).clamp(cfg.v_min, cfg.v_max)
+                m = self.project(next_p, tz)
+            log_p = torch.log_softmax(self.q(b["obs"]), -1)[rows, b["action"].long().view(B)]
+            cross_entropy = -(m * log_p).sum(-1)
+            loss = (w * cross_entropy).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
+            self.opt.step()
+            td_all[k] = cross_entropy.detach()
+        self.updates += weights.shape[0]
+        return td_all
+
+
+hetrl.register_algorithm("c51", C51, replace=True, presets={
+    "default": {"net_arch": [64, 64], "lr": 1e-3, "batch_size": 64, "buffer_size": 50_000,
+                "learning_starts": 1000, "train_freq": 4, "gradient_steps": 1},
+    "CartPole-v1": {"steps": 50_000, "lr": 2.3e-3, "batch_size": 64, "train_freq": 256, "gradient_steps": 128,
+                    "target_update_interval": 1000, "learning_starts": 1000},
+})
