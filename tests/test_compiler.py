@@ -15,9 +15,11 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
+import torch.nn.functional as F
 
 import qrdqn_example  # noqa: F401  (registers "qrdqn")
 from hetrl.algos import make_algorithm
+from hetrl.algos.sac import SAC
 from hetrl.config import make_config
 from hetrl.kernels import check_equal, select, synthetic_batch
 from hetrl.kernels.compiled import CompiledKernel, available, vm
@@ -537,5 +539,107 @@ def test_a_policy_without_a_net_attribute_acts_as_it_is():
         policy = algo.make_policy(seed=0)
         assert kernel.wrap_policy(policy) is policy
         policy.act(torch.zeros(2, 4).numpy(), 0.0)
+    finally:
+        kernel.close()
+
+
+class CleanRLSAC(SAC):
+    """SAC's update as CleanRL's sac_continuous_action.py writes it: torch.optim.Adam, Normal(mean, std).rsample()
+    from torch's global generator, log(1 - tanh^2 + 1e-6), two actor and alpha steps every other update, and the
+    Polyak average through `.data`. (The built-in's own optimizers are replaced, as a user's subclass would.)"""
+    optims = ("q_optimizer", "actor_optimizer", "a_optimizer")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        q1, q2 = self.critics
+        self.q_optimizer = torch.optim.Adam([*q1.parameters(), *q2.parameters()], lr=self.cfg.lr)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.lr)
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=self.cfg.lr)
+        self.critic_opt = self.actor_opt = self.alpha_opt = None
+
+    def graph_period(self) -> int:
+        return 2
+
+    def get_action(self, obs):
+        mean, log_std = self.actor(obs)
+        normal = torch.distributions.Normal(mean, log_std.exp())
+        x = normal.rsample()
+        y = torch.tanh(x)
+        return y, (normal.log_prob(x) - torch.log(1 - y.pow(2) + 1e-6)).sum(1)
+
+    def learn(self, batches, weights):
+        cfg, td_all = self.cfg, torch.empty_like(weights)
+        (q1, q2), (t1, t2) = self.critics, self.critics_target
+        for k in range(weights.shape[0]):
+            b = {key: v[k] for key, v in batches.items()}
+            alpha = self.log_alpha.detach().exp()
+            with torch.no_grad():
+                next_a, next_logp = self.get_action(b["next_obs"])
+                min_q = torch.min(t1(b["next_obs"], next_a), t2(b["next_obs"], next_a)) - alpha * next_logp
+                next_q = b["reward"] + (~b["terminated"]).float() * cfg.gamma * min_q
+            q1v, q2v = q1(b["obs"], b["action"]), q2(b["obs"], b["action"])
+            qf_loss = F.mse_loss(q1v, next_q) + F.mse_loss(q2v, next_q)
+            self.q_optimizer.zero_grad()
+            qf_loss.backward()
+            self.q_optimizer.step()
+            if self.updates % 2 == 0:
+                for _ in range(2):
+                    pi, logp = self.get_action(b["obs"])
+                    actor_loss = (alpha * logp - torch.min(q1(b["obs"], pi), q2(b["obs"], pi))).mean()
+                    self.actor_optimizer.zero_grad()
+                    actor_loss.backward()
+                    self.actor_optimizer.step()
+                    with torch.no_grad():
+                        _, logp = self.get_action(b["obs"])
+                    alpha_loss = (-self.log_alpha.exp() * (logp + self.target_entropy)).mean()
+                    self.a_optimizer.zero_grad()
+                    alpha_loss.backward()
+                    self.a_optimizer.step()
+                    alpha = self.log_alpha.detach().exp()
+            for net, target in ((q1, t1), (q2, t2)):
+                for p, tp in zip(net.parameters(), target.parameters()):
+                    tp.data.copy_(cfg.tau * p.data + (1 - cfg.tau) * tp.data)
+            td_all[k] = (q1v - next_q).detach().abs()
+            self.updates += 1
+        return td_all
+
+
+def test_cleanrls_sac_update_is_compiled():
+    env = gym.make("Pendulum-v1")
+    cfg = make_config("sac", "Pendulum-v1", {"net_arch": [32, 32]})
+    spaces = (env.observation_space, env.action_space)
+    make = lambda: CleanRLSAC(cfg, *spaces)   # noqa: E731
+    spec = type(make()).replay_fields(*spaces)
+    g = torch.Generator().manual_seed(0)
+    phases = [synthetic_batch(spec, spaces[1], 64, 2, "cpu", g)[0] for _ in range(3)]
+    ok, detail = check_equal(make, CompiledKernel, phases, torch.ones(2, 64))
+    assert ok and not detail.get("declined"), detail
+    kernel = CompiledKernel(make())
+    try:
+        for b in phases:
+            kernel.learn(b, torch.ones(2, 64))
+        assert kernel.path == "derived" and kernel.derived.lanes_run, kernel.derived.lanes_run
+    finally:
+        kernel.close()
+
+
+def test_an_optimizer_the_learn_never_steps_is_named_and_the_public_learn_runs():
+    class Unstepped(CleanRLSAC):   # keeps the built-in's alpha optimizer, which its learn never steps
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=self.cfg.lr)
+
+    from hetrl.kernels.compiled.derived import UNREADY_PHASES
+    env = gym.make("Pendulum-v1")
+    spaces = (env.observation_space, env.action_space)
+    algo = Unstepped(make_config("sac", "Pendulum-v1", {"net_arch": [16]}), *spaces)
+    spec = type(algo).replay_fields(*spaces)
+    g = torch.Generator().manual_seed(0)
+    kernel = CompiledKernel(algo)
+    try:
+        for _ in range(UNREADY_PHASES):
+            kernel.learn(synthetic_batch(spec, spaces[1], 16, 2, "cpu", g)[0], torch.ones(2, 16))
+        line = kernel.declined or ""
+        assert "Unstepped's optimizer alpha_opt has no state after" in line and "\n" not in line, line
     finally:
         kernel.close()

@@ -31,10 +31,11 @@ from hetrl.kernels.compiled import fused, vm
 from hetrl.kernels.compiled.graph import convert
 from hetrl.kernels.compiled.program import Program, lower
 from hetrl.kernels.compiled.reference import draw as draw_into
-from hetrl.kernels.compiled.trace import Declined, assign, resolve, trace_unit
+from hetrl.kernels.compiled.trace import Declined, _objects_with_paths, assign, resolve, trace_unit
 
 _PROGRAMS: dict = {}
 _LOCK = threading.Lock()
+UNREADY_PHASES = 8    # phases an optimizer may go without state (unstepped) before the kernel declines
 _TRACING = threading.Lock()   # held while a unit is traced and lowered (population members trace from threads)
 
 
@@ -261,6 +262,7 @@ class Derived:
         self.lanes_run: dict[int, int] = {}   # lanes -> phases run on that many
         self._optimizers: tuple | None = None  # (the ids of the attributes holding optimizers, the optimizers)
         self._ready: tuple | None = None  # the optimizers' state dicts when every parameter was last found in them
+        self._unready = 0                 # phases in a row an optimizer had no state for (see learn)
         self._last: tuple | None = None   # (the last phase's shapes and folded hyper-parameters, its (unit, U))
         self._bound: dict = {}            # (program, units) -> Bound
 
@@ -319,14 +321,24 @@ class Derived:
             for g in opt.param_groups:
                 for p in g["params"]:
                     if p.requires_grad and not opt.state.get(p):
-                        return "an optimizer has no state yet (its first step makes it)"
+                        return f"optimizer {_path_of(self.algo, opt)} has no state yet (its first step makes it)"
         self._ready = now
         return None
 
     def learn(self, batches: dict, weights: torch.Tensor, lanes: int) -> torch.Tensor | None:
-        """The phase on the VM; None where it must run the public learn (an optimizer's state not made yet)."""
-        if self.ready() is not None:
+        """The phase on the VM; None where it must run the public learn (an optimizer's state not made yet). An
+        optimizer the learn never steps (one a subclass no longer uses, say) would keep it public for good: after
+        UNREADY_PHASES phases in a row the kernel declines, in one line naming it."""
+        why = self.ready()
+        if why is not None:
+            self._unready += 1
+            if self._unready >= UNREADY_PHASES:
+                cls = type(self.algo)
+                what = why.split(" (")[0].replace(" yet", "")
+                raise Declined(f"{cls.__module__}.{cls.__qualname__}'s {what} after {self._unready} phases: its "
+                               "learn does not step it, and a compiled phase needs the state a first step makes")
             return None
+        self._unready = 0
         K, P = int(weights.shape[0]), self.period
         if K % P == 0:
             unit, U = self.unit_for(batches, weights)
@@ -478,3 +490,11 @@ class Derived:
                 path = tr.assigned[k - 1][0]
                 assign(self.algo, path, torch.from_numpy(arr.copy()).view(tv.shape))
         return result
+
+
+def _path_of(root, obj) -> str:
+    """obj's attribute path from root, as code would write it (`critic_opt`, `opts[0]`)."""
+    for path, o in _objects_with_paths(root):
+        if o is obj:
+            return "".join(f".{v}" if k == "a" else f"[{v!r}]" for k, v in path).lstrip(".") or "?"
+    return type(obj).__name__
