@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -339,8 +340,20 @@ class MedianQRDQN(qrdqn_example.QRDQN):
         return super().learn(batches, weights)
 
 
+class NumpyDrawQRDQN(qrdqn_example.QRDQN):   # a random choice made in Python each update (as REDQ's critic subset)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.np_rng = np.random.default_rng(0)
+
+    def learn(self, batches, weights):
+        batches = dict(batches, reward=batches["reward"] * float(self.np_rng.uniform(0.9, 1.1)))
+        return super().learn(batches, weights)
+
+
 @pytest.mark.parametrize("cls, says", [(ReadsQRDQN, "reads a tensor's value in Python"),
-                                       (MedianQRDQN, "aten.median")])
+                                       (MedianQRDQN, "aten.median"),
+                                       (NumpyDrawQRDQN, "draws from self.np_rng, which a compiled phase would "
+                                                        "replay as one fixed draw")])
 def test_what_cannot_be_lowered_is_one_line_naming_the_op_and_the_algorithm(cls, says):
     cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
     make = lambda: cls(cfg, *CARTPOLE)   # noqa: E731

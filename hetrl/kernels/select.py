@@ -21,12 +21,14 @@ import hashlib
 import json
 import math
 import os
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from hetrl.errors import UsageError
@@ -94,17 +96,27 @@ class Choice:
 # ---- the check ----------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _rng_and_threads_kept():
-    """Leave torch's random state and thread count as they were (a selection must not change the run's)."""
-    state = torch.get_rng_state()
+    """Leave torch's, numpy's and Python's random states and the thread count as they were (a selection must not
+    change the run's)."""
+    state, host = torch.get_rng_state(), _host_rng()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     threads = torch.get_num_threads()
     try:
         yield
     finally:
         torch.set_rng_state(state)
+        _host_rng(host)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
         torch.set_num_threads(threads)
+
+
+def _host_rng(state=None):
+    """numpy's and Python's global random states; with `state`, set them back to it."""
+    if state is not None:
+        np.random.set_state(state[0])
+        random.setstate(state[1])
+    return np.random.get_state(), random.getstate()
 
 
 def synthetic_batch(spec: dict, act_space, B: int, K: int, dev: str | torch.device,
@@ -202,8 +214,10 @@ def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches:
             worst, where = 0.0, ""
             for p, b in enumerate(batches):
                 torch.manual_seed(seed + 1 + p)
+                host = _host_rng()   # the same draws from numpy's and Python's global generators too
                 td_ref = ref.learn(b, weights)
                 torch.manual_seed(seed + 1 + p)
+                _host_rng(host)
                 td = kernel.learn(b, weights)
                 ratio, w, _ = _largest_difference({"td": td}, {"td": td_ref})
                 if ratio > worst:

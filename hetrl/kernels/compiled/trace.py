@@ -30,12 +30,15 @@ a read is data-dependent control flow, and the trace declines with the line of t
 from __future__ import annotations
 
 import copy
+import pickle
+import random
 import sys
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -424,11 +427,18 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
 
     validate = torch.distributions.Distribution._validate_args
     torch.distributions.Distribution.set_default_validate_args(False)
+    host = host_generators(tw)
+    host_before = [get() for _, get, _ in host]
     try:
         # tracing runs learn on real tensors: a draw from torch's default generator would advance the run's own
         with torch.random.fork_rng(devices=[]):
             gm = make_fx(unit, decomposition_table=_DECOMP, record_stack_traces=False)(*[batches[k] for k in keys],
                                                                                         weights)
+        drew = [name for (name, get, _), was in zip(host, host_before) if pickle.dumps(get()) != pickle.dumps(was)]
+        if drew:
+            raise Declined(f"{who}'s learn draws from {drew[0]}, which a compiled phase would replay as one fixed "
+                           "draw; draw from a torch.Generator attribute (torch.rand(..., generator=self.rng)) or "
+                           "torch's global one")
     except RuntimeError as e:
         msg = str(e)
         if "_local_scalar_dense" in msg or "data-dependent" in msg or "value out of a tracing tensor" in msg:
@@ -443,6 +453,8 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
                        f"{str(e).splitlines()[0][:200] if str(e) else ''}{generator_hint(str(e))}") from None
     finally:
         torch.distributions.Distribution.set_default_validate_args(validate)
+        for (_, _, put), was in zip(host, host_before):   # the run's own streams, as they were
+            put(was)
     generators = _graph_generators(gm, {path: obj for path, obj in found.values() if isinstance(obj, torch.Generator)},
                                    who)
     after_plain = plain_state(tw)
@@ -452,6 +464,23 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     inputs = list(zip(keys + ["weights"], placeholders))
     return Trace(gm, inputs, roots, root_meta, generators, replay, assigned, state.get("aliased", []), optim_groups,
                  tuple(hyper), units, residue, who)
+
+
+def host_generators(tw) -> list:
+    """(name, get state, set state) of the random number generators a learn could draw from outside torch: numpy's
+    and Python's global ones, and every numpy or Python generator reachable from the (twin) algorithm. Tracing
+    records such a draw as a constant, so a learn that makes one is declined."""
+    out = [("numpy's global random numbers (np.random)", np.random.get_state, np.random.set_state),
+           ("Python's random module", random.getstate, random.setstate)]
+    for path, obj in _objects_with_paths(tw):
+        if isinstance(obj, np.random.Generator):
+            bg = obj.bit_generator
+            out.append((describe(path), lambda bg=bg: bg.state, lambda st, bg=bg: setattr(bg, "state", st)))
+        elif isinstance(obj, np.random.RandomState):
+            out.append((describe(path), obj.get_state, obj.set_state))
+        elif isinstance(obj, random.Random):
+            out.append((describe(path), obj.getstate, obj.setstate))
+    return out
 
 
 def generator_hint(msg: str, version: str | None = None) -> str:
