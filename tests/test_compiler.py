@@ -656,3 +656,18 @@ def test_an_optimizer_the_learn_never_steps_is_named_and_the_public_learn_runs()
         assert "Unstepped's optimizer alpha_opt has no state after" in line and "\n" not in line, line
     finally:
         kernel.close()
+
+
+class LiteralQRDQN(qrdqn_example.QRDQN):
+    """A tensor made from a literal in learn and then written: each phase starts from the literal again."""
+
+    def learn(self, batches, weights):
+        scale = torch.tensor([1.0, 0.5])
+        scale[0] = scale[0] + 1.0    # 2.0 in every phase, never 3.0, 4.0, ...
+        batches = dict(batches, reward=batches["reward"] * scale[0] * scale[1])
+        return super().learn(batches, weights)
+
+
+def test_a_tensor_made_from_a_literal_and_written_in_learn_starts_from_the_literal_each_phase():
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
+    _equal_on_the_derived_path(lambda: LiteralQRDQN(cfg, *CARTPOLE), n=4)

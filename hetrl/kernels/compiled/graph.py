@@ -810,7 +810,14 @@ def _create(cv, args, kwargs, meta, node):
 
 @rule("lift_fresh_copy")
 def _lift(cv, args, kwargs, meta, node):
-    return args[0]
+    """torch.tensor(...) made in learn: its literal, or a copy of it where learn then writes into it (the literal
+    must stay as traced for the next phase)."""
+    x = args[0]
+    if node in cv.written and isinstance(x, TV):
+        out = cv.temp(meta)
+        cv.kern(out, cv.load(x, out.shape), "lift_fresh_copy")
+        return out
+    return x
 
 
 # ---- reductions -----------------------------------------------------------------------------------------------------
