@@ -653,7 +653,7 @@ def test_an_optimizer_the_learn_never_steps_is_named_and_the_public_learn_runs()
         for _ in range(UNREADY_PHASES):
             kernel.learn(synthetic_batch(spec, spaces[1], 16, 2, "cpu", g)[0], torch.ones(2, 16))
         line = kernel.declined or ""
-        assert "Unstepped's optimizer alpha_opt has no state after" in line and "\n" not in line, line
+        assert "Unstepped's optimizer self.alpha_opt has no state after" in line and "\n" not in line, line
     finally:
         kernel.close()
 

@@ -31,12 +31,12 @@ from hetrl.kernels.compiled import fused, vm
 from hetrl.kernels.compiled.graph import convert
 from hetrl.kernels.compiled.program import Program, lower
 from hetrl.kernels.compiled.reference import draw as draw_into
-from hetrl.kernels.compiled.trace import Declined, _objects_with_paths, assign, resolve, trace_unit
+from hetrl.kernels.compiled.trace import Declined, _objects_with_paths, assign, describe, resolve, trace_unit
 
 _PROGRAMS: dict = {}
 _LOCK = threading.Lock()
-UNREADY_PHASES = 8    # phases an optimizer may go without state (unstepped) before the kernel declines
 _TRACING = threading.Lock()   # held while a unit is traced and lowered (population members trace from threads)
+UNREADY_PHASES = 8            # phases in a row an optimizer may go without state (unstepped) before the kernel declines
 
 
 class Lanes:
@@ -493,8 +493,5 @@ class Derived:
 
 
 def _path_of(root, obj) -> str:
-    """obj's attribute path from root, as code would write it (`critic_opt`, `opts[0]`)."""
-    for path, o in _objects_with_paths(root):
-        if o is obj:
-            return "".join(f".{v}" if k == "a" else f"[{v!r}]" for k, v in path).lstrip(".") or "?"
-    return type(obj).__name__
+    """obj's attribute path from root, as code would write it (`self.critic_opt`)."""
+    return next((describe(path) for path, o in _objects_with_paths(root) if o is obj), type(obj).__name__)
