@@ -671,3 +671,25 @@ class LiteralQRDQN(qrdqn_example.QRDQN):
 def test_a_tensor_made_from_a_literal_and_written_in_learn_starts_from_the_literal_each_phase():
     cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
     _equal_on_the_derived_path(lambda: LiteralQRDQN(cfg, *CARTPOLE), n=4)
+
+
+class ScalesItsBatchQRDQN(qrdqn_example.QRDQN):
+    def learn(self, batches, weights):
+        batches["reward"].mul_(0.5)      # in place, into the caller's batch (as the public learn does)
+        return super().learn(batches, weights)
+
+
+def test_a_learn_that_writes_into_its_batch_is_compiled_and_writes_it_once():
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
+    make = lambda: ScalesItsBatchQRDQN(cfg, *CARTPOLE)   # noqa: E731
+    _equal_on_the_derived_path(make)
+    phases, weights = _phases(make)
+    kernel = CompiledKernel(make())
+    try:
+        for b in phases:
+            reward = b["reward"].clone()
+            kernel.learn(b, weights)
+            assert torch.equal(b["reward"], reward * 0.5)   # the trace wrote into a copy
+        assert kernel.path == "derived" and kernel.derived.lanes_run
+    finally:
+        kernel.close()

@@ -111,6 +111,10 @@ def _rng_and_threads_kept():
         torch.set_num_threads(threads)
 
 
+def _copied(batches: dict) -> dict:
+    return {k: v.clone() for k, v in batches.items()}
+
+
 def _host_rng(state=None):
     """numpy's and Python's global random states; with `state`, set them back to it."""
     if state is not None:
@@ -215,10 +219,10 @@ def check_equal(make_algo: Callable[[], Any], kernel_cls: type[Kernel], batches:
             for p, b in enumerate(batches):
                 torch.manual_seed(seed + 1 + p)
                 host = _host_rng()   # the same draws from numpy's and Python's global generators too
-                td_ref = ref.learn(b, weights)
+                td_ref = ref.learn(_copied(b), weights.clone())   # (a learn may write into its batch)
                 torch.manual_seed(seed + 1 + p)
                 _host_rng(host)
-                td = kernel.learn(b, weights)
+                td = kernel.learn(_copied(b), weights.clone())
                 ratio, w, _ = _largest_difference({"td": td}, {"td": td_ref})
                 if ratio > worst:
                     worst, where = ratio, f"phase {p + 1}, {w}"

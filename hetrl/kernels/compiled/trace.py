@@ -430,10 +430,11 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     host = host_generators(tw)
     host_before = [get() for _, get, _ in host]
     try:
-        # tracing runs learn on real tensors: a draw from torch's default generator would advance the run's own
+        # tracing runs learn on real tensors: a draw from torch's default generator would advance the run's own, and a
+        # learn that writes into its batch would write into the caller's (so it gets copies)
         with torch.random.fork_rng(devices=[]):
-            gm = make_fx(unit, decomposition_table=_DECOMP, record_stack_traces=False)(*[batches[k] for k in keys],
-                                                                                        weights)
+            gm = make_fx(unit, decomposition_table=_DECOMP, record_stack_traces=False)(
+                *[_copy(batches[k]) for k in keys], _copy(weights))
         drew = [name for (name, get, _), was in zip(host, host_before) if pickle.dumps(get()) != pickle.dumps(was)]
         if drew:
             raise Declined(f"{who}'s learn draws from {drew[0]}, which a compiled phase would replay as one fixed "
@@ -442,8 +443,11 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     except RuntimeError as e:
         msg = str(e)
         if "_local_scalar_dense" in msg or "data-dependent" in msg or "value out of a tracing tensor" in msg:
+            at = _algo_line(sys.exc_info()[2])
+            hint = (" (F.one_hot reads its indices to check them: `(x.unsqueeze(-1) == torch.arange(n)).float()` is "
+                    "the same one-hot and compiles)" if "one_hot(" in at else "")
             raise Declined(f"{who}'s learn reads a tensor's value in Python (.item(), float(), a branch on a tensor) "
-                           f"at {_algo_line(sys.exc_info()[2])}, which a compiled phase cannot replay") from None
+                           f"at {at}, which a compiled phase cannot replay{hint}") from None
         raise Declined(f"{who}'s learn cannot be traced at {_algo_line(sys.exc_info()[2])}: "
                        f"{msg.splitlines()[0][:200]}{generator_hint(msg)}") from None
     except Declined:
@@ -464,6 +468,11 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     inputs = list(zip(keys + ["weights"], placeholders))
     return Trace(gm, inputs, roots, root_meta, generators, replay, assigned, state.get("aliased", []), optim_groups,
                  tuple(hyper), units, residue, who)
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t with its strides (a clone of a view that is not dense would be made contiguous)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def host_generators(tw) -> list:
