@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import qrdqn_example  # noqa: F401  (registers "qrdqn")
 from hetrl.algos import make_algorithm
@@ -693,3 +694,22 @@ def test_a_learn_that_writes_into_its_batch_is_compiled_and_writes_it_once():
         assert kernel.path == "derived" and kernel.derived.lanes_run
     finally:
         kernel.close()
+
+
+class ClipsValuesQRDQN(qrdqn_example.QRDQN):
+    """clip_grad_value_ (a _foreach_clamp_ in place) on gradients one of which is uniform (a constant): the mean of
+    the outputs gives the last bias the gradient 1/n everywhere."""
+
+    def learn(self, batches, weights):
+        for k in range(weights.shape[0]):
+            self.opt.zero_grad()
+            (self.q(batches["obs"][k]).mean() * weights[k].mean()).backward()
+            nn.utils.clip_grad_value_(self.q.parameters(), 0.001)
+            self.opt.step()
+        self.updates += weights.shape[0]
+        return torch.zeros_like(weights)
+
+
+def test_clip_grad_value_on_a_constant_gradient_is_compiled():
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
+    _equal_on_the_derived_path(lambda: ClipsValuesQRDQN(cfg, *CARTPOLE))

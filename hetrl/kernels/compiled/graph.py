@@ -517,11 +517,11 @@ def written_bases(graph) -> set:
     for n in graph.nodes:
         if n.op != "call_function" or not opname(n.target).endswith("_") or not n.args:
             continue
-        b = n.args[0]
-        while isinstance(b, torch.fx.Node) and b.op == "call_function" and opname(b.target) in VIEW_OPS and b.args:
-            b = b.args[0]
-        if isinstance(b, torch.fx.Node):
-            out.add(b)
+        for b in n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]:   # (_foreach_*_: a list)
+            while isinstance(b, torch.fx.Node) and b.op == "call_function" and opname(b.target) in VIEW_OPS and b.args:
+                b = b.args[0]
+            if isinstance(b, torch.fx.Node):
+                out.add(b)
     return out
 
 
