@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -1022,11 +1022,11 @@ def _sorted(cv, x, dim, descending, dtype):
     rank = cv.temp_like_shape(shape, torch.int64)
     cv.emit(Kern(space, [Out(rank.buf, rank.off, rank.strides + (0,), torch.int64, before, "sum")], what="sort rank"))
     vals, idx = cv.temp_like_shape(shape, dtype), cv.temp_like_shape(shape, torch.int64)
-    at = ((cv.load(rank, shape), vals.strides[dim]),)
-    for out, e in ((vals, cv.load(x, shape)), (idx, ("iota", dim))):
+    at = cv.load(rank, shape)
+    for out, e in ((vals, cv.load(x, shape)), (idx, ("iota", dim))):   # each element written at its rank
         strides = tuple(0 if d == dim else s for d, s in enumerate(out.strides))
-        cv.emit(Kern(shape, [Out(out.buf, out.off, strides, out.dtype, e, "store",
-                                 index=((at[0][0], out.strides[dim]),))], what="sort"))
+        cv.emit(Kern(shape, [Out(out.buf, out.off, strides, out.dtype, e, "store", index=((at, out.strides[dim]),))],
+                     what="sort"))
     return vals, idx
 
 
