@@ -713,3 +713,20 @@ class ClipsValuesQRDQN(qrdqn_example.QRDQN):
 def test_clip_grad_value_on_a_constant_gradient_is_compiled():
     cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
     _equal_on_the_derived_path(lambda: ClipsValuesQRDQN(cfg, *CARTPOLE))
+
+
+class BatchNormQRDQN(qrdqn_example.QRDQN):
+    """nn.BatchNorm1d after a hidden layer's activation (CrossQ's place), in training mode: batch statistics, and
+    the running mean, variance and batch count updated in place as state."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for net in (self.q, self.q_target):
+            net.body.insert(2, torch.nn.BatchNorm1d(16))
+        self.q_target.load_state_dict(self.q.state_dict())
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=self.cfg.lr)
+
+
+def test_a_batch_norm_after_an_activation_is_compiled():
+    cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
+    _equal_on_the_derived_path(lambda: BatchNormQRDQN(cfg, *CARTPOLE), K=2, B=128)
