@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import qrdqn_example  # noqa: F401  (registers "qrdqn")
-from hetrl.algos import make_algorithm
+from hetrl.algos import learn_spec, make_algorithm
+from hetrl.algos.ppo import PPO
 from hetrl.algos.sac import SAC
 from hetrl.config import make_config
 from hetrl.kernels import check_equal, select, synthetic_batch
@@ -730,3 +731,57 @@ class BatchNormQRDQN(qrdqn_example.QRDQN):
 def test_a_batch_norm_after_an_activation_is_compiled():
     cfg = make_config("qrdqn", "CartPole-v1", {"net_arch": [16], "n_quantiles": 4})
     _equal_on_the_derived_path(lambda: BatchNormQRDQN(cfg, *CARTPOLE), K=2, B=128)
+
+
+class CleanRLPPO(PPO):
+    """PPO's update as CleanRL's ppo.py writes it: torch.optim.Adam, Categorical(logits=...), advantages normalised
+    per minibatch, the clipped value loss, clip_grad_norm_, approx_kl kept as a tensor."""
+    optims = ("optimizer",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.params = [*self.policy.parameters(), *self.value.parameters()]
+        self.optimizer = torch.optim.Adam(self.params, lr=self.cfg.lr, eps=1e-5)
+        self.opt = None
+
+    def learn(self, batches, weights):
+        clip, td = 0.2, torch.empty_like(weights)
+        for k in range(weights.shape[0]):
+            b = {key: v[k] for key, v in batches.items()}
+            dist = torch.distributions.Categorical(logits=self.policy(b["obs"]))
+            logp, entropy = dist.log_prob(b["action"].long().view(-1)), dist.entropy()
+            value = self.value(b["obs"]).view(-1)
+            log_ratio = logp - b["log_prob"]
+            ratio = log_ratio.exp()
+            with torch.no_grad():
+                self.last_kl = ((ratio - 1) - log_ratio).mean()
+            adv = (b["advantage"] - b["advantage"].mean()) / (b["advantage"].std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+            clipped = b["value"] + torch.clamp(value - b["value"], -clip, clip)
+            v_loss = 0.5 * torch.max((value - b["return"]) ** 2, (clipped - b["return"]) ** 2).mean()
+            loss = pg_loss - 0.01 * entropy.mean() + 0.5 * v_loss
+            self.optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(self.params, 0.5)
+            self.optimizer.step()
+            td[k] = (b["return"] - value).detach().abs()
+        self.updates += weights.shape[0]
+        return td
+
+
+def test_cleanrls_ppo_update_is_compiled():
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    cfg = make_config("ppo", "CartPole-v1", {"net_arch": [32, 32], "batch_size": 64})
+    make = lambda: CleanRLPPO(cfg, *spaces)   # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    phases = [synthetic_batch(learn_spec(cfg, *spaces), spaces[1], 64, 4, "cpu", g)[0] for _ in range(3)]
+    ok, detail = check_equal(make, CompiledKernel, phases, torch.ones(4, 64))
+    assert ok and not detail.get("declined"), detail
+    kernel = CompiledKernel(make())
+    try:
+        for b in phases:
+            kernel.learn(b, torch.ones(4, 64))
+        assert kernel.path == "derived" and kernel.derived.lanes_run, kernel.derived.lanes_run
+    finally:
+        kernel.close()
