@@ -313,7 +313,7 @@ class Run:
         threads, learner_s, steps = self.schedule.core.governor.mostly()
         entry = calibrate(path, plan["plan"]["learner_device"], self.cfg.batch_size, threads,
                           c.gradient_steps / c.phases, learner_s, steps, run=str(self.out or ""),
-                          provisional=self.follow.loaded())
+                          provisional=self.follow.loaded(), kernel=self.schedule.core.kernel.name)
         if entry is not None:
             self.result["calibration"] = entry
             self.plan_info["calibration"] = entry

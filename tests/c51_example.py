@@ -1,8 +1,9 @@
 """C51 (Bellemare et al. 2017, categorical DQN) written as a user would write it outside hetrl, in CleanRL's form:
-a distribution over `n_atoms` fixed returns per action, and a target distribution built by projecting
+a distribution over `n_quantiles` fixed returns (atoms) per action, and a target distribution built by projecting
 r + gamma * z onto the atoms with `scatter_add_` into `torch.zeros_like` (or, in the other common form,
 `index_add_` into a flat view of it). The compiled kernel's tests use it as an algorithm hetrl has never seen
-whose learn writes in place into a tensor it made.
+whose learn writes in place into a tensor it made. It builds on tests/qrdqn_example.py's QR-DQN (its network of
+n_quantiles outputs per action, here the atoms' logits; its exploration and target copies).
 
     p(s, a)   = softmax over the atoms;   a* = argmax_a sum_j z_j p_target(s', a)_j
     Tz_j      = clamp(r + gamma**steps * (1 - terminated) * z_j, v_min, v_max), projected onto the atoms
@@ -13,90 +14,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
 import hetrl
-from hetrl.algos.nets import load_weights, mlp
+import qrdqn_example
 
 
 @dataclass
-class C51Settings(hetrl.Config):
-    n_atoms: int = 51
+class C51Settings(qrdqn_example.QRDQNSettings):
+    n_quantiles: int = 51                  # the atoms
     v_min: float = -100.0
     v_max: float = 100.0
     projection: str = "scatter_add_"       # or "index_add_": the two ways CleanRL-style code writes it
-    target_update_interval: int = 500
-    epsilon: float = 0.05
-    max_grad_norm: float = 10.0
 
 
-class AtomNet(nn.Module):
-    def __init__(self, obs_dim: int, n_actions: int, cfg: C51Settings):
-        super().__init__()
-        self.n_actions, self.n_atoms = n_actions, cfg.n_atoms
-        self.body = mlp([obs_dim, *cfg.net_arch, n_actions * cfg.n_atoms], cfg.activation, cfg.layer_norm)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:      # logits (B, actions, atoms)
-        return self.body(obs).view(*obs.shape[:-1], self.n_actions, self.n_atoms)
-
-
-class Greedy:
-    def __init__(self, net: AtomNet, atoms: torch.Tensor, n_actions: int, seed: int):
-        self.net, self.atoms, self.n = net, atoms, n_actions
-        self.rng = np.random.default_rng(seed)
+class Greedy(qrdqn_example.Greedy):
+    def __init__(self, net, atoms: torch.Tensor, n_actions: int, seed: int):
+        super().__init__(net, n_actions, seed)
+        self.atoms = atoms
 
     @torch.no_grad()
     def act_deterministic(self, obs: np.ndarray) -> np.ndarray:
         p = torch.softmax(self.net(torch.as_tensor(obs, dtype=torch.float32)), -1)
         return (p * self.atoms).sum(-1).argmax(-1).numpy()
 
-    def act(self, obs: np.ndarray, explore):
-        random = self.rng.integers(0, self.n, len(obs))
-        if explore is None:
-            return random, random
-        a = np.where(self.rng.random(len(obs)) < explore, random, self.act_deterministic(obs))
-        return a, a
 
-    def load(self, state: dict) -> None:
-        load_weights(self.net, state)
-
-    def episode_end(self, done: np.ndarray) -> None:
-        pass
-
-
-class C51(hetrl.Algorithm):
+class C51(qrdqn_example.QRDQN):
     Settings = C51Settings
-    action_spaces = (gym.spaces.Discrete,)
-    nets, optims = ("q", "q_target"), ("opt",)
 
     def __init__(self, cfg: C51Settings, obs_space, act_space, device="cpu"):
         super().__init__(cfg, obs_space, act_space, device)
-        self.obs_dim, self.n = int(np.prod(self.obs_shape)), int(act_space.n)
-        self.q = AtomNet(self.obs_dim, self.n, cfg)
-        self.q_target = AtomNet(self.obs_dim, self.n, cfg)
-        self.q_target.load_state_dict(self.q.state_dict())
-        self.q_target.requires_grad_(False)
-        self.opt = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, eps=0.01 / cfg.batch_size)
-        self.atoms = torch.linspace(cfg.v_min, cfg.v_max, cfg.n_atoms)
+        self.atoms = torch.linspace(cfg.v_min, cfg.v_max, cfg.n_quantiles)
 
     def make_policy(self, seed, device="cpu", num_envs=None) -> Greedy:
-        net = AtomNet(self.obs_dim, self.n, self.cfg)
-        net.load_state_dict(self.policy_state())
-        return Greedy(net, self.atoms, self.n, seed)
-
-    def policy_state(self) -> dict:
-        return self.q.state_dict()
-
-    def exploration(self, env_steps: int):
-        return None if env_steps < self.cfg.learning_starts else self.cfg.epsilon
-
-    def on_env_steps(self, before: int, after: int) -> None:
-        k = self.cfg.target_update_interval
-        if after // k > before // k:
-            self.q_target.load_state_dict(self.q.state_dict())
+        return Greedy(super().make_policy(seed).net, self.atoms, self.n, seed)
 
     def project(self, next_p: torch.Tensor, tz: torch.Tensor) -> torch.Tensor:
         """The target distribution: each Tz_j's mass split between its two nearest atoms."""

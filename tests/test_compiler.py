@@ -37,19 +37,23 @@ def _maker(name, **settings):
     return lambda: make_algorithm(cfg, *CARTPOLE)
 
 
-def _phases(make, K=4, B=64, n=3, seed=0):
-    spec = type(make()).replay_fields(*CARTPOLE)
+def _phases(make, K=4, B=64, n=3, seed=0, spaces=CARTPOLE):
+    spec = learn_spec(make().cfg, *spaces)
     g = torch.Generator().manual_seed(seed)
-    return [synthetic_batch(spec, CARTPOLE[1], B, K, "cpu", g)[0] for _ in range(n)], torch.ones(K, B)
+    return [synthetic_batch(spec, spaces[1], B, K, "cpu", g)[0] for _ in range(n)], torch.ones(K, B)
 
 
-def _equal_on_the_derived_path(make, **kw):
-    phases, weights = _phases(make, **kw)
+def _equal_on_the_derived_path(make, spaces=CARTPOLE, **kw):
+    """Checked equal to the public learn, and the phases then run derived (not the public learn in its place)."""
+    phases, weights = _phases(make, spaces=spaces, **kw)
     ok, detail = check_equal(make, CompiledKernel, phases, weights)
     assert ok and not detail.get("declined"), detail
     kernel = CompiledKernel(make())
     try:
         assert kernel.path == "derived" and kernel.threads_exact
+        for b in phases:
+            kernel.learn(b, weights)
+        assert kernel.declined is None and kernel.derived.lanes_run, (kernel.declined, kernel.derived.lanes_run)
     finally:
         kernel.close()
 
@@ -94,7 +98,7 @@ def test_a_users_c51_that_writes_into_a_tensor_of_zeros_is_compiled(projection):
     """Also `torch.arange(B)` as the rows' index, in two row blocks (B=128): the second block counts from row 64."""
     import c51_example  # noqa: F401  (registers "c51")
 
-    _equal_on_the_derived_path(_maker("c51", n_atoms=11, v_min=-10.0, v_max=10.0, projection=projection), B=128)
+    _equal_on_the_derived_path(_maker("c51", n_quantiles=11, v_min=-10.0, v_max=10.0, projection=projection), B=128)
 
 
 class DropoutQRDQN(qrdqn_example.QRDQN):
@@ -623,19 +627,7 @@ def test_cleanrls_sac_update_is_compiled():
     env = gym.make("Pendulum-v1")
     cfg = make_config("sac", "Pendulum-v1", {"net_arch": [32, 32]})
     spaces = (env.observation_space, env.action_space)
-    make = lambda: CleanRLSAC(cfg, *spaces)   # noqa: E731
-    spec = type(make()).replay_fields(*spaces)
-    g = torch.Generator().manual_seed(0)
-    phases = [synthetic_batch(spec, spaces[1], 64, 2, "cpu", g)[0] for _ in range(3)]
-    ok, detail = check_equal(make, CompiledKernel, phases, torch.ones(2, 64))
-    assert ok and not detail.get("declined"), detail
-    kernel = CompiledKernel(make())
-    try:
-        for b in phases:
-            kernel.learn(b, torch.ones(2, 64))
-        assert kernel.path == "derived" and kernel.derived.lanes_run, kernel.derived.lanes_run
-    finally:
-        kernel.close()
+    _equal_on_the_derived_path(lambda: CleanRLSAC(cfg, *spaces), spaces, K=2)
 
 
 def test_an_optimizer_the_learn_never_steps_is_named_and_the_public_learn_runs():
@@ -770,18 +762,5 @@ class CleanRLPPO(PPO):
 
 
 def test_cleanrls_ppo_update_is_compiled():
-    env = gym.make("CartPole-v1")
-    spaces = (env.observation_space, env.action_space)
     cfg = make_config("ppo", "CartPole-v1", {"net_arch": [32, 32], "batch_size": 64})
-    make = lambda: CleanRLPPO(cfg, *spaces)   # noqa: E731
-    g = torch.Generator().manual_seed(0)
-    phases = [synthetic_batch(learn_spec(cfg, *spaces), spaces[1], 64, 4, "cpu", g)[0] for _ in range(3)]
-    ok, detail = check_equal(make, CompiledKernel, phases, torch.ones(4, 64))
-    assert ok and not detail.get("declined"), detail
-    kernel = CompiledKernel(make())
-    try:
-        for b in phases:
-            kernel.learn(b, torch.ones(4, 64))
-        assert kernel.path == "derived" and kernel.derived.lanes_run, kernel.derived.lanes_run
-    finally:
-        kernel.close()
+    _equal_on_the_derived_path(lambda: CleanRLPPO(cfg, *CARTPOLE), CARTPOLE)

@@ -324,6 +324,28 @@ def test_what_a_run_measured_prices_its_workload(tmp_path):
     assert again.thread_scaling("cpu", 2) == (2.0, "measured in inline runs on this machine")
 
 
+def test_a_run_on_another_learner_kernel_than_the_profiles_writes_no_learner_figure(tmp_path):
+    """The profile's learner figures are of the kernel it chose (compiled, say): a run pinned to another
+    (learner_kernel=public, 3x slower) would make every later plan price the learner at that kernel's speed."""
+    from hetrl.planner.profile import calibrate, record_in_run
+
+    table = synthetic_table(learn_s={"cpu": {1: 4e-3}}, batch_size=32)
+    table.data["learner_kernel"] = {"cpu": {"name": "compiled"}}
+    table.save(tmp_path / "p.json")
+    entry = {"threads": 1, "s": 12e-3, "gradient_steps": 1000, "k": 1, "batch": 32, "schedule": "local"}
+    assert record_in_run(tmp_path / "p.json", "cpu", [entry], kernel="public") == []
+    assert calibrate(tmp_path / "p.json", "cpu", 32, 1, 1, 4.4, 1000, kernel="public") is None
+    again = ProfileTable.load(tmp_path / "p.json")
+    assert not again.data.get("in_run") and again.calibration("cpu") is None
+    assert record_in_run(tmp_path / "p.json", "cpu", [entry], kernel="compiled")
+    assert calibrate(tmp_path / "p.json", "cpu", 32, 1, 1, 4.4, 1000, kernel="compiled")["factor"] == pytest.approx(1.1)
+    again = ProfileTable.load(tmp_path / "p.json")
+    assert again.calibration("cpu")["kernel"] == "compiled" and again.in_run("cpu", 32, 1, 1, "local")["s"] == 12e-3
+    for e in (again.data["calibration"]["learn"]["cpu"], again.data["in_run"]["learn"]["cpu"]["local"]["1"]):
+        del e["kernel"]      # written before runs recorded their kernel: of no known kernel, not priced
+    assert again.calibration("cpu") is None and again.in_run("cpu", 32, 1, 1, "local") is None
+
+
 def test_a_calibration_from_a_run_under_load_is_kept_apart(tmp_path):
     from hetrl.planner.profile import calibrate
 

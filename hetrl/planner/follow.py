@@ -350,7 +350,7 @@ class Follower:
             if not quiet:
                 e["provisional"] = f"measured in a run under load: {ws[-1].loaded}"
             entries.append(e)
-        return record_in_run(path, device, entries)
+        return record_in_run(path, device, entries, kernel=getattr(self.core.kernel, "name", None))
 
     def finish(self, run: str = "") -> None:
         """At the end of training: the last window closed, what was measured written back."""

@@ -265,10 +265,17 @@ class ProfileTable:
         self._scaling[key] = got
         return got
 
+    def of_kernel(self, device: str, entry: dict | None) -> bool:
+        """Whether a learner figure a run wrote (in_run, calibration) is of the kernel this profile chose for
+        `device`: one from a run on another kernel (pinned by hand), or from before runs recorded theirs, is not."""
+        chosen = ((self.data.get("learner_kernel") or {}).get(device) or {}).get("name")
+        return bool(entry) and (chosen is None or entry.get("kernel") == chosen)
+
     def _in_run_ratio(self, device: str, t: int) -> tuple[float, str] | None:
         for schedule, runs in sorted(((self.data.get("in_run") or {}).get("learn", {}).get(device) or {}).items()):
             a, b = runs.get(str(t)), runs.get("1")
             if a and b and not a.get("provisional") and not b.get("provisional") and a.get("batch") == b.get("batch") \
+                    and self.of_kernel(device, a) and self.of_kernel(device, b) \
                     and 0.5 <= a.get("k", 1) / max(b.get("k", 1), 1e-9) <= 2 and b["s"] > 0:
                 return a["s"] / b["s"], f"measured in {schedule} runs on this machine"
         return None
@@ -365,15 +372,18 @@ class ProfileTable:
         return bool(self.prefetch(device, prioritized, group).get("chosen", True))
 
     def calibration(self, device: str) -> dict | None:
-        """The last run's correction of the learner's profiled time on `device` (see calibrate())."""
-        return self.data.get("calibration", {}).get("learn", {}).get(device)
+        """The last run's correction of the learner's profiled time on `device` (see calibrate()), where that run
+        ran the kernel this profile chose."""
+        e = self.data.get("calibration", {}).get("learn", {}).get(device)
+        return e if self.of_kernel(device, e) else None
 
     def in_run(self, device: str, batch: int, threads: int, k: float, schedule: str) -> dict | None:
         """What a run of `schedule` on this machine measured of its learner at `threads` (record_in_run), where it is
         this workload (batch, about k steps per call) and not provisional (a local run's figure holds the actors'
         share of the cores: it prices local plans only)."""
         e = (((self.data.get("in_run") or {}).get("learn", {}).get(device) or {}).get(schedule) or {}).get(str(threads))
-        if not e or e.get("provisional") or e.get("batch") != batch or not 0.5 <= float(e.get("k", 1)) / max(k, 1) <= 2:
+        if not e or e.get("provisional") or e.get("batch") != batch or not 0.5 <= float(e.get("k", 1)) / max(k, 1) <= 2 \
+                or not self.of_kernel(device, e):
             return None
         return e
 
@@ -550,7 +560,8 @@ CALIBRATION_RANGE = (0.25, 4.0)    # a factor outside is a different workload, n
 
 
 def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float, learner_s: float,
-              gradient_steps: int, run: str = "", provisional: str | None = None) -> dict | None:
+              gradient_steps: int, run: str = "", provisional: str | None = None,
+              kernel: str | None = None) -> dict | None:
     """Feed a finished run's measured learner time back into its cached profile: the factor between
     the seconds per gradient step the run measured and the profile's figure for the same device,
     batch, threads and steps per call. The next plan on this machine predicts with it (a CPU shared with
@@ -559,6 +570,7 @@ def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float,
     A run made while other programs kept cores busy (`provisional`: why, as the run's follower saw it) is
     not the machine's truth: its factor is kept apart (``calibration/learn_provisional``), shown, never priced
     with, and the last quiet run's factor stays.
+    `kernel`: the learner kernel the run ran; a run on another kernel than the profile's writes nothing.
     Returns the calibration entry written, or None when the run was too short to say."""
     if gradient_steps < CALIBRATION_MIN_STEPS or learner_s < CALIBRATION_MIN_S:
         return None
@@ -567,12 +579,15 @@ def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float,
         profiled = table.learn_step(device, batch, threads, max(1, round(k)), calibrated=False)
     except (ValueError, KeyError, OSError):
         return None
+    if not table.of_kernel(device, {"kernel": kernel}):   # (a run pinned to another kernel is no measure of it)
+        return None
     measured = learner_s / gradient_steps
     factor = measured / profiled if profiled > 0 else 0.0
     if not CALIBRATION_RANGE[0] <= factor <= CALIBRATION_RANGE[1]:
         return None
     entry = {"factor": round(factor, 4), "measured_step_s": measured, "profiled_step_s": profiled,
-             "threads": threads, "steps_per_call": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run,
+             "threads": threads, "steps_per_call": k, "kernel": kernel, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+             "run": run,
              **({"provisional": provisional} if provisional else {})}
     section = "learn_provisional" if provisional else "learn"
     table.data.setdefault("calibration", {}).setdefault(section, {})[device] = entry
@@ -583,23 +598,26 @@ def calibrate(path: str | Path, device: str, batch: int, threads: int, k: float,
 IN_RUN_MIN_STEPS = 200             # an in-run learner figure needs this many gradient steps at its thread count
 
 
-def record_in_run(path: str | Path, device: str, entries: list[dict]) -> list[dict]:
+def record_in_run(path: str | Path, device: str, entries: list[dict], kernel: str | None = None) -> list[dict]:
     """Write what a run measured of its learner into its cached profile, marked measured in a run: per schedule and
     thread count (``in_run/learn/DEVICE/SCHEDULE/THREADS``), ``{"threads", "s" (seconds per gradient step), "k"
     (steps per call), "batch", "schedule", "env_steps_per_s", "foreign" (cores other processes kept busy
     meanwhile), "at", "run"}`` and, where other processes kept cores busy throughout, ``provisional`` (why).
     The model prices a plan of that workload and schedule with it (ProfileTable.in_run) instead of the profiled
-    figure. Returns the entries written."""
+    figure. `kernel`: the learner kernel the run ran; a run on another kernel than the profile's writes nothing.
+    Returns the entries written."""
     try:
         table = ProfileTable.load(Path(path))
     except (ValueError, KeyError, OSError):
+        return []
+    if not table.of_kernel(device, {"kernel": kernel}):
         return []
     runs = table.data.setdefault("in_run", {}).setdefault("learn", {}).setdefault(device, {})
     written = []
     for e in entries:
         if e.get("gradient_steps", 0) < IN_RUN_MIN_STEPS or e.get("s", 0) <= 0:
             continue
-        entry = {**e, "measured": "in run", "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        entry = {**e, "kernel": kernel, "measured": "in run", "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         runs.setdefault(str(e.get("schedule", "inline")), {})[str(e["threads"])] = entry
         written.append(entry)
     if written:
