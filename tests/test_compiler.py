@@ -356,7 +356,18 @@ class NumpyDrawQRDQN(qrdqn_example.QRDQN):   # a random choice made in Python ea
         return super().learn(batches, weights)
 
 
+class EveryThirdQRDQN(qrdqn_example.QRDQN):   # a target copy every 3 updates inside learn, graph_period() left at 1
+    def learn(self, batches, weights):
+        td = torch.empty_like(weights)
+        for k in range(weights.shape[0]):
+            td[k:k + 1] = super().learn({x: v[k:k + 1] for x, v in batches.items()}, weights[k:k + 1])
+            if self.updates % 3 == 0:
+                self.q_target.load_state_dict(self.q.state_dict())
+        return td
+
+
 @pytest.mark.parametrize("cls, says", [(ReadsQRDQN, "reads a tensor's value in Python"),
+                                       (EveryThirdQRDQN, "takes self.updates % 3 at test_compiler.py"),
                                        (MedianQRDQN, "aten.median"),
                                        (NumpyDrawQRDQN, "draws from self.np_rng, which a compiled phase would "
                                                         "replay as one fixed draw")])

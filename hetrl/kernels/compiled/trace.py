@@ -335,15 +335,38 @@ class Trace:
     who: str = ""
 
 
-def _algo_line(tb) -> str:
-    """The last line of the traceback outside torch and hetrl's kernels: where the algorithm did it."""
-    frames = traceback.extract_tb(tb)
+def _algo_line(tb=None) -> str:
+    """The last line of the traceback (or, without one, of the stack) outside torch and hetrl's kernels: where
+    the algorithm did it."""
+    frames = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack()
     for fr in reversed(frames):
         f = fr.filename.replace("\\", "/")
         if "/torch/" in f or "/hetrl/kernels/" in f or "/contextlib" in f or "/copy.py" in f:
             continue
         return f"{f.rsplit('/', 1)[-1]}:{fr.lineno} (`{(fr.line or '').strip()}`)"
     return "learn"
+
+
+class _Count(int):
+    """The twin's update count while its learn is traced: `count % m` is recorded with where it was taken (a
+    branch on it repeats every m updates, which graph_period() must be a multiple of), and adding to it keeps one
+    of these (learn's `self.updates += K`)."""
+
+    def __new__(cls, value: int, seen: list):
+        out = super().__new__(cls, value)
+        out.seen = seen
+        return out
+
+    def __mod__(self, m):
+        if isinstance(m, int) and not isinstance(m, bool):
+            self.seen.append((int(m), _algo_line()))
+        return int(self) % m
+
+    def __add__(self, other):
+        got = int(self) + other
+        return _Count(got, self.seen) if isinstance(got, int) else got
+
+    __radd__ = __add__
 
 
 KEEP = ("lerp", "lerp_")   # ops the lowering takes whole (one register op) rather than decomposed
@@ -429,12 +452,21 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
     torch.distributions.Distribution.set_default_validate_args(False)
     host = host_generators(tw)
     host_before = [get() for _, get, _ in host]
+    moduli: list = []
+    tw.updates = _Count(tw.updates, moduli)
     try:
         # tracing runs learn on real tensors: a draw from torch's default generator would advance the run's own, and a
         # learn that writes into its batch would write into the caller's (so it gets copies)
         with torch.random.fork_rng(devices=[]):
             gm = make_fx(unit, decomposition_table=_DECOMP, record_stack_traces=False)(
                 *[_copy(batches[k]) for k in keys], _copy(weights))
+        off = [(m, at) for m, at in moduli if m > 0 and period % m]
+        if off:
+            m, at = off[0]
+            raise Declined(f"{who}'s learn takes self.updates % {m} at {at}, but its graph_period() is {period}: a "
+                           f"compiled phase repeats the control flow of {period} update(s) as traced; make "
+                           f"graph_period() a multiple of {m}, or do what runs every {m} updates outside learn "
+                           "(on_env_steps)")
         drew = [name for (name, get, _), was in zip(host, host_before) if pickle.dumps(get()) != pickle.dumps(was)]
         if drew:
             raise Declined(f"{who}'s learn draws from {drew[0]}, which a compiled phase would replay as one fixed "
@@ -459,6 +491,7 @@ def trace_unit(algo, batches: dict[str, torch.Tensor], weights: torch.Tensor) ->
         torch.distributions.Distribution.set_default_validate_args(validate)
         for (_, _, put), was in zip(host, host_before):   # the run's own streams, as they were
             put(was)
+        tw.updates = int(tw.updates)
     generators = _graph_generators(gm, {path: obj for path, obj in found.values() if isinstance(obj, torch.Generator)},
                                    who)
     after_plain = plain_state(tw)
