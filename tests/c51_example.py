@@ -91,9 +91,4 @@ class C51(qrdqn_example.QRDQN):
         return td_all
 
 
-hetrl.register_algorithm("c51", C51, replace=True, presets={
-    "default": {"net_arch": [64, 64], "lr": 1e-3, "batch_size": 64, "buffer_size": 50_000,
-                "learning_starts": 1000, "train_freq": 4, "gradient_steps": 1},
-    "CartPole-v1": {"steps": 50_000, "lr": 2.3e-3, "batch_size": 64, "train_freq": 256, "gradient_steps": 128,
-                    "target_update_interval": 1000, "learning_starts": 1000},
-})
+hetrl.register_algorithm("c51", C51, replace=True, presets=qrdqn_example.PRESETS)

@@ -122,9 +122,10 @@ class QRDQN(hetrl.Algorithm):
         return td_all
 
 
-hetrl.register_algorithm("qrdqn", QRDQN, replace=True, presets={
+PRESETS = {   # (tests/c51_example.py trains with the same)
     "default": {"net_arch": [64, 64], "lr": 1e-3, "batch_size": 64, "buffer_size": 50_000,
                 "learning_starts": 1000, "train_freq": 4, "gradient_steps": 1},
     "CartPole-v1": {"steps": 50_000, "lr": 2.3e-3, "batch_size": 64, "train_freq": 256, "gradient_steps": 128,
                     "target_update_interval": 1000, "learning_starts": 1000},
-})
+}
+hetrl.register_algorithm("qrdqn", QRDQN, replace=True, presets=PRESETS)
